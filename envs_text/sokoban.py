@@ -1,0 +1,415 @@
+"""Sokoban with text observations: tile codes, the level type, the reverse-play generator and the env.
+
+Every generated level is solvable by construction: it is made by starting from the solved state
+(all boxes on their targets) and playing random *pulls* backwards; reversing those moves is a
+forward solution. The tile codes and `SYMBOLS` are shared with the visual variant and the solver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from vagen.env.base import ActionResult, LanguageEnv
+
+WALL, FLOOR, TARGET, BOX_ON_TARGET, BOX, PLAYER, PLAYER_ON_TARGET = range(7)
+SYMBOLS: dict[int, str] = {
+    WALL: "#",
+    FLOOR: "_",
+    TARGET: "O",
+    BOX_ON_TARGET: "√",
+    BOX: "X",
+    PLAYER: "P",
+    PLAYER_ON_TARGET: "S",
+}
+TILE_NAMES: dict[int, str] = {
+    WALL: "wall",
+    FLOOR: "floor",
+    TARGET: "target",
+    BOX_ON_TARGET: "box on target",
+    BOX: "box",
+    PLAYER: "player",
+    PLAYER_ON_TARGET: "player on target",
+}
+_CODES_BY_SYMBOL = {symbol: code for code, symbol in SYMBOLS.items()}
+_SYMBOL_BY_CODE = tuple(SYMBOLS[code] for code in range(len(SYMBOLS)))
+
+ACTIONS = ("Up", "Down", "Left", "Right")
+STEP_PENALTY = -0.1
+BOX_ON_TARGET_REWARD = 1.0
+BOX_OFF_TARGET_PENALTY = -1.0
+SUCCESS_REWARD = 10.0
+
+
+def action_offsets(width: int) -> dict[str, int]:
+    """Flat-index offset of each action on a row-major grid `width` cells wide."""
+    return {"Up": -width, "Down": width, "Left": -1, "Right": 1}
+
+
+def render_text(grid: np.ndarray) -> str:
+    """Tile-code grid (H, W) → one line of symbols per row, top row first."""
+    return "\n".join("".join([_SYMBOL_BY_CODE[code] for code in row]) for row in grid.tolist())
+
+
+@dataclass(frozen=True, eq=False)
+class SokobanLevel:
+    """One Sokoban position.
+
+    `layout` (H, W) uint8 holds the fixed tiles only (WALL, FLOOR, TARGET); `boxes` are the sorted
+    (row, col) cells of the boxes and `player` the player's (row, col). The border must be walls,
+    which lets the dynamics and the solver move on flat indices without bounds checks.
+    """
+
+    layout: np.ndarray
+    boxes: tuple[tuple[int, int], ...]
+    player: tuple[int, int]
+
+    @property
+    def num_boxes(self) -> int:
+        return len(self.boxes)
+
+    def grid(self) -> np.ndarray:
+        """The full tile-code grid (H, W) uint8, boxes and player included."""
+        grid = self.layout.copy()
+        for row, col in self.boxes:
+            grid[row, col] = BOX_ON_TARGET if grid[row, col] == TARGET else BOX
+        row, col = self.player
+        grid[row, col] = PLAYER_ON_TARGET if grid[row, col] == TARGET else PLAYER
+        return grid
+
+    def text(self) -> str:
+        return render_text(self.grid())
+
+    def is_solved(self) -> bool:
+        return all(self.layout[row, col] == TARGET for row, col in self.boxes)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SokobanLevel):
+            return NotImplemented
+        return self.boxes == other.boxes and self.player == other.player and np.array_equal(self.layout, other.layout)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable numpy field: equal levels need not hash alike
+
+    def validate(self) -> None:
+        """Raise ValueError if the level breaks an invariant the dynamics rely on."""
+        layout = self.layout
+        if layout.ndim != 2 or layout.shape[0] < 3 or layout.shape[1] < 3:
+            raise ValueError(f"A level layout must be a 2-D grid of at least 3x3 tiles, got shape {layout.shape}.")
+        if not np.isin(layout, (WALL, FLOOR, TARGET)).all():
+            raise ValueError(
+                "The layout may hold only WALL, FLOOR and TARGET; put boxes and player in `boxes`/`player`."
+            )
+        border = np.concatenate([layout[0], layout[-1], layout[:, 0], layout[:, -1]])
+        if (border != WALL).any():
+            raise ValueError("The level's border must be all walls; surround the level with a row/column of '#'.")
+        cells = [*self.boxes, self.player]
+        if any(layout[row, col] == WALL for row, col in cells):
+            raise ValueError("A box or the player stands on a wall; place them on floor or target tiles.")
+        if len(set(cells)) != len(cells):
+            raise ValueError("Two boxes, or a box and the player, share a cell; give each its own cell.")
+        num_targets = int((layout == TARGET).sum())
+        if not self.boxes or num_targets != len(self.boxes):
+            raise ValueError(f"A level needs as many targets as boxes (>= 1); got {num_targets} and {len(self.boxes)}.")
+
+    @classmethod
+    def from_grid(cls, grid: np.ndarray) -> SokobanLevel:
+        """Build (and validate) a level from a full tile-code grid (H, W)."""
+        grid = np.asarray(grid)
+        layout = np.where(np.isin(grid, (WALL, FLOOR)), grid, FLOOR).astype(np.uint8)
+        layout[np.isin(grid, (TARGET, BOX_ON_TARGET, PLAYER_ON_TARGET))] = TARGET
+        boxes = tuple(sorted(map(tuple, np.argwhere(np.isin(grid, (BOX, BOX_ON_TARGET))).tolist())))
+        players = np.argwhere(np.isin(grid, (PLAYER, PLAYER_ON_TARGET))).tolist()
+        if len(players) != 1:
+            raise ValueError(f"A level needs exactly one player tile, found {len(players)}.")
+        level = cls(layout, boxes, tuple(players[0]))
+        level.validate()
+        return level
+
+    @classmethod
+    def from_text(cls, text: str) -> SokobanLevel:
+        """Build a level from rows of `SYMBOLS` characters (as `text()` writes them)."""
+        rows = [row for row in text.strip().splitlines() if row.strip()]
+        if len({len(row) for row in rows}) != 1:
+            raise ValueError("Every row of a level's text must have the same length.")
+        unknown = {char for row in rows for char in row} - set(_CODES_BY_SYMBOL)
+        if unknown:
+            raise ValueError(f"Unknown level symbols {sorted(unknown)}; use {SYMBOLS}.")
+        return cls.from_grid(np.array([[_CODES_BY_SYMBOL[char] for char in row] for row in rows], dtype=np.uint8))
+
+
+# ---- generation by reverse play ---------------------------------------------------------------
+_TURN_PROBABILITY = 0.35  # of the carving walk changing direction at a step
+_PULL_PROBABILITY = 0.8  # of dragging the box behind the player along during reverse play
+_MIN_DISPLACEMENT = 2  # total box distance from the targets a level must have
+_CARVE_STEPS_PER_SIDE = 4.0  # carving-walk length per cell of room height + width: ~60% of the inside becomes floor
+
+
+def _carve_room(rng: np.random.Generator, height: int, width: int) -> list[int]:
+    """Flat row-major list of WALL/FLOOR: a random walk inside the border that widens now and then."""
+    cells = [WALL] * (height * width)
+    inner_h, inner_w = height - 2, width - 2
+    num_steps = int(_CARVE_STEPS_PER_SIDE * (inner_h + inner_w))
+    draws = rng.random((num_steps + 1, 2)).tolist()
+    row, col = 1 + int(draws[0][0] * inner_h), 1 + int(draws[0][1] * inner_w)
+    d_row, d_col = (0, 1)
+    for turn, brush in draws[1:]:
+        cells[row * width + col] = FLOOR
+        # Carving a neighbour too (a quarter of the time each way) makes 2-wide areas where boxes can turn.
+        if brush < 0.25 and col + 1 <= inner_w:
+            cells[row * width + col + 1] = FLOOR
+        elif brush > 0.75 and row + 1 <= inner_h:
+            cells[(row + 1) * width + col] = FLOOR
+        if turn < _TURN_PROBABILITY:
+            d_row, d_col = ((-1, 0), (1, 0), (0, -1), (0, 1))[int(turn / _TURN_PROBABILITY * 4)]
+        if 1 <= row + d_row <= inner_h and 1 <= col + d_col <= inner_w:
+            row, col = row + d_row, col + d_col
+    return cells
+
+
+def _reverse_play(
+    cells: list[int], width: int, targets: list[int], player: int, draws: list[float]
+) -> tuple[tuple[int, ...], int] | None:
+    """Random walk backwards from the solved state (boxes on `targets`), pulling boxes.
+
+    Returns the hardest-looking state seen (most boxes off target, then the largest total box
+    displacement) as (flat box cells, flat player cell), or None if no state reached
+    `_MIN_DISPLACEMENT` (a level one push away from solved teaches nothing).
+    """
+    offsets = (-width, width, -1, 1)
+    box_at = {cell: cell for cell in targets}  # current cell → the target the box started on
+    best_score, best = (0, 0), None
+    for draw in draws:
+        scaled = draw * 4
+        step = offsets[int(scaled)]
+        ahead = player + step
+        if cells[ahead] == WALL or ahead in box_at:
+            continue
+        behind = player - step
+        pulled = behind in box_at and scaled - int(scaled) < _PULL_PROBABILITY
+        if pulled:
+            box_at[player] = box_at.pop(behind)
+        player = ahead
+        if not pulled:
+            continue
+        off_target = sum(cells[cell] != TARGET for cell in box_at)
+        displacement = 0
+        for cell, home in box_at.items():
+            (row, col), (home_row, home_col) = divmod(cell, width), divmod(home, width)
+            displacement += abs(row - home_row) + abs(col - home_col)
+        if displacement >= _MIN_DISPLACEMENT and (off_target, displacement) > best_score:
+            best_score, best = (off_target, displacement), (tuple(box_at), player)
+    return best
+
+
+def _walkable_region(cells: list[int], width: int, start: int, boxes: set[int]) -> list[int]:
+    """Cells the player reaches from `start` without moving a box, in a deterministic order."""
+    seen, stack = {start}, [start]
+    while stack:
+        cell = stack.pop()
+        for neighbour in (cell - width, cell + width, cell - 1, cell + 1):
+            if neighbour not in seen and cells[neighbour] != WALL and neighbour not in boxes:
+                seen.add(neighbour)
+                stack.append(neighbour)
+    return sorted(seen)
+
+
+def generate_level(
+    rng: np.random.Generator,
+    dim_room: tuple[int, int] = (6, 6),
+    num_boxes: int = 1,
+    *,
+    reverse_steps: int | None = None,
+    max_attempts: int = 1000,
+) -> SokobanLevel:
+    """A random solvable level (H, W) = `dim_room` with `num_boxes` boxes, using only `rng`.
+
+    Carves a room, puts boxes on random targets and the player on a random floor cell, then plays
+    `reverse_steps` random backward moves (default 12·(H+W)) and keeps the hardest state seen; the
+    player then starts on a random cell it can walk to from there. Rooms too small for the boxes,
+    and walks that never move the boxes `_MIN_DISPLACEMENT` cells in total, are retried.
+    """
+    height, width = dim_room
+    if height < 5 or width < 5:
+        raise ValueError(f"dim_room must be at least (5, 5) (walls + a 3x3 inside), got {dim_room}.")
+    if num_boxes < 1:
+        raise ValueError(f"num_boxes must be >= 1, got {num_boxes}.")
+    reverse_steps = 12 * (height + width) if reverse_steps is None else reverse_steps
+    for _ in range(max_attempts):
+        cells = _carve_room(rng, height, width)
+        floor = [index for index, tile in enumerate(cells) if tile == FLOOR]
+        if len(floor) < 2 * num_boxes + 2:
+            continue
+        picks = rng.choice(len(floor), size=num_boxes + 1, replace=False).tolist()
+        targets = [floor[pick] for pick in picks[:num_boxes]]
+        for cell in targets:
+            cells[cell] = TARGET
+        found = _reverse_play(cells, width, targets, floor[picks[-1]], rng.random(reverse_steps).tolist())
+        if found is None:
+            continue
+        boxes, player = found
+        # Any cell the player can walk to from there is an equally solvable start, and most need walking.
+        reachable = _walkable_region(cells, width, player, set(boxes))
+        player = reachable[int(rng.integers(len(reachable)))]
+        layout = np.array(cells, dtype=np.uint8).reshape(height, width)
+        return SokobanLevel(layout, tuple(sorted(divmod(cell, width) for cell in boxes)), divmod(player, width))
+    raise RuntimeError(
+        f"Could not generate a {dim_room} level with {num_boxes} boxes in {max_attempts} attempts; "
+        "use a larger dim_room or fewer boxes."
+    )
+
+
+# ---- the environment --------------------------------------------------------------------------
+class SokobanTextEnv(LanguageEnv):
+    """Sokoban played by writing actions, seeing the grid as text.
+
+    Description:
+        Push every box onto a target. Levels are generated by reverse play (solvable by
+        construction) with `dim_room` and `num_boxes`, or taken from a Boxoban file with
+        `level_set` ("boxoban_test", "boxoban_hard", or a path), where `reset(seed=i)` plays
+        level i. `reset(options={"level": SokobanLevel})` plays a given level.
+    Actions:
+        "Up", "Down", "Left", "Right", several per turn (see `LanguageEnv`).
+    Observations:
+        The grid as rows of `SYMBOLS`, derived from `grid()` (the visual variant renders `grid()` too).
+    Rewards:
+        -0.1 per executed action, +1 for a box onto a target, -1 for a box off a target, +10 when
+        all boxes are on targets. A push into a wall or a second box does nothing but still costs -0.1.
+    Episode end:
+        terminated when all boxes are on targets; truncated after `max_steps` actions or `max_turns` turns.
+    """
+
+    action_names = ACTIONS
+    example_answer = "Left || Up"
+    solver_max_states = 1_000_000
+
+    def __init__(
+        self,
+        *,
+        dim_room: tuple[int, int] = (6, 6),
+        num_boxes: int = 1,
+        max_steps: int = 100,
+        level_set: str | None = None,
+        **base_kwargs: Any,
+    ) -> None:
+        super().__init__(**base_kwargs)
+        if len(dim_room) != 2 or min(dim_room) < 5:
+            raise ValueError(f"dim_room must be (height, width) with both >= 5, got {dim_room!r}.")
+        if num_boxes < 1:
+            raise ValueError(f"num_boxes must be >= 1, got {num_boxes}.")
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}.")
+        self.dim_room = (int(dim_room[0]), int(dim_room[1]))
+        self.num_boxes = int(num_boxes)
+        self.max_steps = int(max_steps)
+        self.level_set = level_set
+        self._levels: tuple[SokobanLevel, ...] | None = None
+        if level_set is not None:
+            # Imported here because boxoban.py builds on this module's SokobanLevel.
+            from envs_text.boxoban import load_level_set
+
+            self._levels = load_level_set(level_set)
+        self._seed_for_level: int | None = None
+        self._layout: np.ndarray | None = None  # set by reset()
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        plays_level_set = self._levels is not None and not (options and "level" in options)
+        if plays_level_set and seed is not None and not 0 <= seed < len(self._levels):
+            raise ValueError(
+                f"seed={seed} picks a level of {self.level_set!r}, which has levels 0..{len(self._levels) - 1}; "
+                "pass a seed in that range, or seed=None for a random level."
+            )
+        self._seed_for_level = seed
+        return super().reset(seed=seed, options=options)
+
+    def _reset_game(self, options: dict[str, Any] | None) -> None:
+        if options and "level" in options:
+            level = options["level"]
+            if not isinstance(level, SokobanLevel):
+                raise TypeError(f"options['level'] must be a SokobanLevel, got {type(level).__name__}.")
+            level.validate()
+        elif self._levels is not None:
+            index = self._seed_for_level
+            if index is None:
+                index = int(self.np_random.integers(len(self._levels)))
+            level = self._levels[index]
+        else:
+            level = generate_level(self.np_random, self.dim_room, self.num_boxes)
+        self._load(level)
+
+    def _load(self, level: SokobanLevel) -> None:
+        """Hold the state as flat indices and a set of box cells: what makes `_apply` a few dict lookups."""
+        self._layout = level.layout
+        self._width = level.layout.shape[1]
+        self._fixed = level.layout.reshape(-1).tolist()
+        self._offsets = action_offsets(self._width)
+        self._boxes = {row * self._width + col for row, col in level.boxes}
+        self._player = level.player[0] * self._width + level.player[1]
+        self._boxes_on_target = sum(self._fixed[cell] == TARGET for cell in self._boxes)
+        self._steps = 0
+
+    def _apply(self, action: str) -> ActionResult:
+        if self._steps >= self.max_steps:
+            return ActionResult(reward=0.0, effective=False, truncated=True)
+        self._steps += 1
+        fixed, boxes, step = self._fixed, self._boxes, self._offsets[action]
+        reward, effective = STEP_PENALTY, False
+        ahead = self._player + step
+        if fixed[ahead] != WALL:
+            if ahead not in boxes:
+                self._player, effective = ahead, True
+            elif fixed[ahead + step] != WALL and ahead + step not in boxes:
+                boxes.remove(ahead)
+                boxes.add(ahead + step)
+                if fixed[ahead] == TARGET:
+                    reward += BOX_OFF_TARGET_PENALTY
+                    self._boxes_on_target -= 1
+                if fixed[ahead + step] == TARGET:
+                    reward += BOX_ON_TARGET_REWARD
+                    self._boxes_on_target += 1
+                self._player, effective = ahead, True
+        success = self._boxes_on_target == len(boxes)
+        if success:
+            reward += SUCCESS_REWARD
+        out_of_steps = not success and self._steps >= self.max_steps
+        return ActionResult(
+            reward=reward, effective=effective, terminated=success, truncated=out_of_steps, success=success
+        )
+
+    def current_level(self) -> SokobanLevel:
+        """The current position as a level (fixed layout, box cells, player cell)."""
+        boxes = tuple(sorted(divmod(cell, self._width) for cell in self._boxes))
+        return SokobanLevel(self._layout, boxes, divmod(self._player, self._width))
+
+    def grid(self) -> np.ndarray:
+        """The current tile-code grid (H, W) uint8; the text and the image are both drawn from it."""
+        if self._layout is None:
+            raise RuntimeError("SokobanTextEnv has no level yet; call reset() first.")
+        grid = self._layout.copy()
+        flat = grid.reshape(-1)
+        for cell in self._boxes:
+            flat[cell] = BOX_ON_TARGET if flat[cell] == TARGET else BOX
+        flat[self._player] = PLAYER_ON_TARGET if flat[self._player] == TARGET else PLAYER
+        return grid
+
+    def _state_text(self) -> str:
+        return render_text(self.grid())
+
+    def _rules_text(self) -> str:
+        legend = ", ".join(f"{SYMBOLS[code]} {TILE_NAMES[code]}" for code in SYMBOLS)
+        return (
+            "You are playing Sokoban. You are the player; push every box onto a target to win. You push a box by "
+            "walking into it; boxes cannot be pulled, and a box cannot be pushed into a wall or another box.\n"
+            f"Symbols: {legend}. The first row is the top of the grid.\n"
+            f"Actions: {', '.join(ACTIONS)}.\n"
+            "Rewards: -0.1 per action, +1 for a box onto a target, -1 for a box off a target, "
+            "+10 when all boxes are on targets."
+        )
+
+    def solver_actions(self) -> list[str]:
+        """A fewest-moves plan from the current state; [] if solved, unsolvable or too big for the solver."""
+        # Imported here because the solver builds on this module's SokobanLevel.
+        from envs_text.sokoban_solver import solve
+
+        return solve(self.current_level(), max_states=self.solver_max_states) or []

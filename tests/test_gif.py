@@ -1,0 +1,117 @@
+"""Episode GIFs, the built-in policies, and the render_gif script."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from PIL import Image
+
+from envs_text.sokoban import SokobanTextEnv
+from vagen.env import RESPONSE_FORMATS, make_env, parse_response
+from vagen.env.policies import POLICIES, format_response
+from vagen.viz import EpisodeRecord, compose_frames, episode_gif, play_episode, save_episode_gif
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_solver_policy_solves_sokoban_through_the_public_api(seed):
+    env = make_env("vagen/Sokoban-v0", observation="image", dim_room=(6, 6), num_boxes=1, max_turns=10)
+    record = play_episode(env, "solver", seed=seed)
+    assert record.success
+    assert len(record.frames) == len(record.responses) + 1
+    assert record.rewards[-1] >= 10.0  # the solving turn carries the +10 bonus
+    assert all(actions for actions in record.actions)
+    assert all(frame.size == (192, 192) for frame in record.frames)
+
+
+def test_episode_gif_has_one_frame_per_state_and_reopens(tmp_path):
+    env = make_env("vagen/Sokoban-v0", observation="image")
+    record = play_episode(env, "solver", seed=0)
+    path = save_episode_gif(record, tmp_path / "sub" / "episode.gif", seconds_per_frame=0.5)
+    assert path.exists()
+    with Image.open(path) as gif:
+        assert gif.format == "GIF"
+        assert gif.n_frames == len(record.frames) == len(record.rewards) + 1
+        assert gif.info["duration"] == 500
+        first_size = gif.size
+        assert first_size[0] >= 2 * 192 and first_size[1] > 2 * 192  # the scaled frame plus a caption panel
+
+
+def test_frames_keep_the_state_pixels_and_add_a_caption_panel():
+    frames = [Image.new("RGB", (10, 8), (255, 0, 0)), Image.new("RGB", (10, 8), (0, 0, 255))]
+    composed = compose_frames(frames, ["first", "second caption " * 30], scale=3, min_width=100, max_lines=4)
+    assert composed[0].size == composed[1].size
+    width, height = composed[0].size
+    assert width == 100 and height > 24
+    left = (width - 30) // 2
+    top_region = np.asarray(composed[0])[0:24, left : left + 30]
+    assert (top_region == [255, 0, 0]).all()  # the state, enlarged 3x by nearest neighbour, unaltered
+    with pytest.raises(ValueError, match="caption"):
+        compose_frames(frames, ["only one"])
+
+
+def test_captions_carry_reasoning_actions_and_reward():
+    record = EpisodeRecord(
+        seed=0,
+        frames=[Image.new("RGB", (4, 4))] * 2,
+        responses=["r"],
+        thinks=["go left " * 80],
+        actions=[["Left", "Up"]],
+        rewards=[-0.2],
+        success=False,
+    )
+    first, last = record.captions(max_think_chars=60)
+    assert first.startswith("Turn 1.") and "Left, Up" in first and "-0.20" in first and len(first) < 140
+    assert "not solved" in last and "-0.20" in last
+
+
+def test_text_only_env_still_gets_a_gif(tmp_path):
+    env = SokobanTextEnv(observation="text")
+    record = play_episode(env, "random", seed=3, max_turns=2)
+    assert len(record.frames) == 3 and len(record.responses) == 2
+    path = episode_gif(record.frames, record.captions(), tmp_path / "text.gif")
+    with Image.open(path) as gif:
+        assert gif.n_frames == 3
+
+
+@pytest.mark.parametrize("response_format", RESPONSE_FORMATS)
+@pytest.mark.parametrize("policy", ["solver", "random"])
+def test_policies_write_well_formed_responses(policy, response_format):
+    for env_id in ("vagen/Sokoban-v0", "vagen/Countdown-v0"):
+        env = make_env(env_id, observation="text", response_format=response_format)
+        env.reset(seed=2)
+        response = POLICIES.get(policy)(env, np.random.default_rng(0))
+        game = env.unwrapped
+        parsed = parse_response(
+            response,
+            response_format=response_format,
+            action_separator=game.action_separator,
+            max_actions=game.max_actions_per_turn,
+        )
+        assert parsed.format_ok, (response, parsed.error)
+        _, _, _, _, info = env.step(response)
+        assert info["format_ok"]
+        if policy == "solver" or game.action_names:
+            assert info["action_is_valid"], info
+
+
+def test_format_response_rejects_unknown_formats():
+    assert format_response("no_think", ["Up", "Left"], "||", "x") == "<answer>Up || Left</answer>"
+    with pytest.raises(ValueError, match="response_format"):
+        format_response("poem", ["Up"], "||", "x")
+
+
+def test_render_gif_script_writes_a_solved_episode(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("render_gif", ROOT / "scripts" / "render_gif.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "demo.gif"
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose(config_name="render_gif", overrides=["env=sokoban_visual", "policy=solver", f"out={out}"])
+    script.main(cfg)
+    printed = capsys.readouterr().out
+    assert out.exists() and str(out) in printed
+    assert "success: True" in printed

@@ -1,0 +1,265 @@
+"""Sokoban: generator solvability, solver optimality, hand-built dynamics, determinism, Boxoban files, text."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import pytest
+
+from envs_text.boxoban import DATA_DIR, LEVEL_SETS, load_level_set, parse_level
+from envs_text.sokoban import (
+    BOX,
+    BOX_ON_TARGET,
+    FLOOR,
+    PLAYER,
+    PLAYER_ON_TARGET,
+    SYMBOLS,
+    TARGET,
+    WALL,
+    SokobanLevel,
+    SokobanTextEnv,
+    generate_level,
+    render_text,
+)
+from envs_text.sokoban_solver import solve
+
+
+def make_env(**kwargs) -> SokobanTextEnv:
+    defaults = {"max_turns": 1000, "max_actions_per_turn": 4}
+    return SokobanTextEnv(**{**defaults, **kwargs})
+
+
+def answer(*actions: str) -> str:
+    return f"<think>plan</think><answer>{' || '.join(actions)}</answer>"
+
+
+def play(env: SokobanTextEnv, plan: list[str]) -> tuple[float, bool, bool, dict]:
+    """Replay `plan` through `env.step`, a few actions per turn; returns (return, terminated, truncated, info)."""
+    total, terminated, truncated, info = 0.0, False, False, {}
+    for start in range(0, len(plan), env.max_actions_per_turn):
+        _, reward, terminated, truncated, info = env.step(answer(*plan[start : start + env.max_actions_per_turn]))
+        total += reward
+        if terminated or truncated:
+            break
+    return total, terminated, truncated, info
+
+
+def naive_bfs_length(level: SokobanLevel) -> int | None:
+    """Fewest moves by plain BFS over (player, frozenset(boxes)), with no pruning: the solver's referee."""
+    layout = level.layout
+    targets = {tuple(cell) for cell in np.argwhere(layout == TARGET).tolist()}
+    start = (level.player, frozenset(level.boxes))
+    depth, queue = {start: 0}, deque([start])
+    while queue:
+        state = queue.popleft()
+        (row, col), boxes = state
+        if boxes == targets:
+            return depth[state]
+        for d_row, d_col in ((-1, 0), (1, 0), (0, -1), (0, 1)):
+            ahead = (row + d_row, col + d_col)
+            if layout[ahead] == WALL:
+                continue
+            new_boxes = boxes
+            if ahead in boxes:
+                beyond = (ahead[0] + d_row, ahead[1] + d_col)
+                if layout[beyond] == WALL or beyond in boxes:
+                    continue
+                new_boxes = (boxes - {ahead}) | {beyond}
+            child = (ahead, new_boxes)
+            if child not in depth:
+                depth[child] = depth[state] + 1
+                queue.append(child)
+    return None
+
+
+# ---- tiles and text ---------------------------------------------------------------------------
+def test_tile_codes_and_symbols_are_the_shared_contract():
+    assert tuple(range(7)) == (WALL, FLOOR, TARGET, BOX_ON_TARGET, BOX, PLAYER, PLAYER_ON_TARGET)
+    assert SYMBOLS == {0: "#", 1: "_", 2: "O", 3: "√", 4: "X", 5: "P", 6: "S"}
+
+
+def test_text_round_trip_and_state_text_follows_grid():
+    text = "######\n#S_X_#\n#√__O#\n#_X__#\n######"
+    level = SokobanLevel.from_text(text)
+    assert level.text() == text
+    assert level.player == (1, 1) and level.boxes == ((1, 3), (2, 1), (3, 2))
+    env = make_env()
+    obs, _ = env.reset(options={"level": level})
+    assert env.grid().dtype == np.uint8 and env.grid().shape == (5, 6)
+    assert np.array_equal(env.grid(), level.grid())
+    assert obs.text.endswith("Current state:\n" + text)
+    for symbol in SYMBOLS.values():
+        assert symbol in env._rules_text()
+    for action in ("Up", "Down", "Left", "Right"):
+        assert action in env._rules_text()
+    assert render_text(np.array([[WALL, BOX_ON_TARGET], [PLAYER_ON_TARGET, TARGET]])) == "#√\nSO"
+
+
+def test_invalid_levels_raise_with_a_reason():
+    with pytest.raises(ValueError, match="border"):
+        SokobanLevel.from_text("#####\n#P_XO\n#####")
+    with pytest.raises(ValueError, match="targets as boxes"):
+        SokobanLevel.from_text("######\n#PXXO#\n######")
+    with pytest.raises(ValueError, match="one player"):
+        SokobanLevel.from_text("######\n#_XO_#\n######")
+
+
+# ---- dynamics on hand-built levels ------------------------------------------------------------
+def start(text: str, **kwargs) -> SokobanTextEnv:
+    env = make_env(**kwargs)
+    env.reset(options={"level": SokobanLevel.from_text(text)})
+    return env
+
+
+def test_push_into_wall_or_box_does_nothing_but_costs_the_step():
+    env = start("######\n#PXXO#\n#__O_#\n######")
+    before = env.grid().copy()
+    _, reward, terminated, truncated, info = env.step(answer("Right"))  # box into box
+    assert reward == pytest.approx(-0.1) and not info["action_is_effective"]
+    assert np.array_equal(env.grid(), before) and not terminated and not truncated
+    _, reward, _, _, info = env.step(answer("Up"))  # walk into a wall
+    assert reward == pytest.approx(-0.1) and not info["action_is_effective"]
+    env = start("#####\n#_PX#\n#__O#\n#####")
+    before = env.grid().copy()
+    _, reward, _, _, info = env.step(answer("Right"))  # box into a wall
+    assert reward == pytest.approx(-0.1) and not info["action_is_effective"]
+    assert np.array_equal(env.grid(), before)
+
+
+def test_box_onto_and_off_target_rewards():
+    env = start("#######\n#PX_O_#\n#_X__O#\n#_____#\n#######")
+    _, reward, _, _, info = env.step(answer("Right"))  # box to (1, 3): floor
+    assert reward == pytest.approx(-0.1) and info["action_is_effective"]
+    _, reward, terminated, _, info = env.step(answer("Right"))  # box onto the target at (1, 4)
+    assert reward == pytest.approx(0.9) and not terminated and not info["success"]
+    assert env.grid()[1, 4] == BOX_ON_TARGET and env.grid()[1, 3] == PLAYER
+    _, reward, _, _, _ = env.step(answer("Right"))  # box off the target again
+    assert reward == pytest.approx(-1.1)
+    assert env.grid()[1, 4] == PLAYER_ON_TARGET and env.grid()[1, 5] == BOX
+
+
+def test_success_reward_and_termination():
+    env = start("######\n#PX_O#\n######")
+    _, reward, terminated, truncated, info = env.step(answer("Right", "Right", "Left"))
+    assert reward == pytest.approx(-0.2 + 1.0 + 10.0)
+    assert terminated and not truncated and info["success"]
+    assert info["actions"] == ["Right", "Right"]  # nothing runs after the level is solved
+
+
+def test_max_steps_truncates_and_stops_the_turn():
+    env = start("######\n#PX_O#\n######", max_steps=3)
+    _, reward, terminated, truncated, info = env.step(answer("Up", "Up", "Up", "Right"))
+    assert info["actions"] == ["Up", "Up", "Up"]
+    assert reward == pytest.approx(-0.3) and truncated and not terminated and not info["success"]
+
+
+def test_max_steps_counts_across_turns():
+    env = start("######\n#PX_O#\n######", max_steps=2)
+    _, _, _, truncated, _ = env.step(answer("Up"))
+    assert not truncated
+    _, _, _, truncated, info = env.step(answer("Down", "Right"))
+    assert truncated and info["actions"] == ["Down"]
+
+
+# ---- generation, solving, determinism ---------------------------------------------------------
+def test_generated_1box_levels_are_solved_by_replaying_the_solver_plan():
+    env = make_env()
+    for seed in range(500):
+        env.reset(seed=seed)
+        level = env.current_level()
+        assert level.layout.shape == (6, 6) and level.num_boxes == 1 and not level.is_solved()
+        plan = env.solver_actions()
+        # Reverse play keeps only states >= 2 pushes from solved: no one-move levels.
+        assert len(plan) >= 2, f"seed {seed}: plan {plan} for\n{level.text()}"
+        total, terminated, truncated, info = play(env, plan)
+        assert terminated and not truncated and info["success"], f"seed {seed}: plan {plan} failed"
+        assert total == pytest.approx(-0.1 * len(plan) + 1.0 + 10.0)
+
+
+@pytest.mark.parametrize(("num_boxes", "seeds", "dim_room"), [(2, 60, (6, 6)), (3, 30, (7, 7)), (4, 10, (8, 8))])
+def test_generated_multibox_levels_are_solvable(num_boxes, seeds, dim_room):
+    env = make_env(num_boxes=num_boxes, dim_room=dim_room)
+    for seed in range(seeds):
+        env.reset(seed=seed)
+        level = env.current_level()
+        level.validate()
+        assert level.num_boxes == num_boxes and level.layout.shape == dim_room and not level.is_solved()
+        plan = env.solver_actions()
+        assert len(plan) >= 2
+        _, terminated, _, info = play(env, plan)
+        assert terminated and info["success"], f"seed {seed}:\n{level.text()}"
+
+
+def test_solver_plans_have_the_fewest_moves():
+    rng = np.random.default_rng(7)
+    for num_boxes in (1, 1, 2, 2, 3):
+        for _ in range(12):
+            level = generate_level(rng, (6, 6), num_boxes)
+            assert len(solve(level)) == naive_bfs_length(level), level.text()
+
+
+def test_solver_reports_unsolvable_and_budget_and_solved():
+    cornered = SokobanLevel.from_text("######\n#X_PO#\n######")  # box against the end wall
+    assert solve(cornered) is None and naive_bfs_length(cornered) is None
+    assert solve(SokobanLevel.from_text("#####\n#P√_#\n#####")) == []
+    hard = load_level_set("boxoban_hard")[0]
+    assert solve(hard, max_states=50) is None
+
+
+def test_same_seed_same_level_and_seeds_differ():
+    first = [make_env().reset(seed=seed)[0].text for seed in range(30)]
+    again = [make_env().reset(seed=seed)[0].text for seed in range(30)]
+    assert first == again
+    assert len(set(first)) >= 25
+    assert generate_level(np.random.default_rng(5), (7, 8), 2) == generate_level(np.random.default_rng(5), (7, 8), 2)
+
+
+def test_generator_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="dim_room"):
+        SokobanTextEnv(dim_room=(3, 6))
+    with pytest.raises(ValueError, match="num_boxes"):
+        generate_level(np.random.default_rng(0), (6, 6), 0)
+    with pytest.raises(RuntimeError, match="larger dim_room"):
+        generate_level(np.random.default_rng(0), (5, 5), 5, max_attempts=20)
+
+
+# ---- Boxoban ----------------------------------------------------------------------------------
+def level_zero_rows(file_name: str) -> list[str]:
+    lines = (DATA_DIR / file_name).read_text().splitlines()
+    assert lines[0] == "; 0"
+    return lines[1:11]
+
+
+@pytest.mark.parametrize("level_set", sorted(LEVEL_SETS))
+def test_boxoban_level_zero_matches_the_file_and_is_playable(level_set):
+    rows = level_zero_rows(LEVEL_SETS[level_set])
+    levels = load_level_set(level_set)
+    assert len(levels) == 1000
+    grid = levels[0].grid()
+    expected = {"#": WALL, " ": FLOOR, ".": TARGET, "$": BOX, "@": PLAYER}
+    assert grid.shape == (10, 10)
+    for row, line in enumerate(rows):
+        assert [expected[char] for char in line] == grid[row].tolist()
+    assert levels[0].num_boxes == 4
+    env = make_env(level_set=level_set, max_steps=1000)
+    env.reset(seed=0)
+    assert np.array_equal(env.grid(), grid)
+    _, terminated, _, info = play(env, env.solver_actions())
+    assert terminated and info["success"]
+
+
+def test_boxoban_seed_range_and_random_pick():
+    env = make_env(level_set="boxoban_test")
+    with pytest.raises(ValueError, match=r"levels 0\.\.999"):
+        env.reset(seed=1000)
+    env.reset(seed=None)
+    assert any(env.current_level() == level for level in load_level_set("boxoban_test"))
+    with pytest.raises(ValueError, match="Unknown level_set"):
+        make_env(level_set="boxoban_nope")
+
+
+def test_boxoban_parses_box_and_player_on_target():
+    level = parse_level(["#####", "#+$*#", "#####"])
+    assert level.player == (1, 1) and level.boxes == ((1, 2), (1, 3))
+    assert level.text() == "#####\n#SX√#\n#####"

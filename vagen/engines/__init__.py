@@ -1,0 +1,18 @@
+"""Generation engines behind one interface (token ids in, sampled ids and log-probs out); see `base`."""
+
+from vagen.engines.api import ApiEngine, ApiGeneration
+from vagen.engines.base import ENGINES, Context, Engine, EngineSource, Generation, SamplingParams, build_engine
+from vagen.engines.hf import HFEngine
+
+__all__ = [
+    "ApiEngine",
+    "ApiGeneration",
+    "ENGINES",
+    "Context",
+    "Engine",
+    "EngineSource",
+    "Generation",
+    "HFEngine",
+    "SamplingParams",
+    "build_engine",
+]

@@ -1,0 +1,326 @@
+"""The transformers engine: batched sampling from a live `transformers` model, on CPU or GPU.
+
+A custom decoding loop over `model(...)` with a KV cache instead of `model.generate`, because we need
+exact control of three things token-in/token-out training relies on: the log-prob of every sampled
+token (raw `log_softmax`, see `Generation`), per-sequence stop handling, and a `torch.Generator`
+seeded per call so sampling is reproducible.
+
+Batching: all contexts of a call are left-padded into one batch (or micro-batches of at most
+`max_batch_size`, grouped by length to waste little padding). Position ids are passed explicitly so
+left padding changes nothing: a text model sees positions 0..n-1 over each row's real tokens; a
+Qwen2-VL / Qwen2.5-VL model gets its 3-D mrope positions from its own `get_rope_index` (with the
+attention mask, so pads are skipped), and decode steps continue at `real_length + rope_delta`,
+exactly what transformers' own generation computes. Images are turned into `pixel_values` and
+`image_grid_thw` by the processor's image processor, for all images of the batch in order.
+
+Vision-language models never sample their image / video pad ids (see `placeholder_token_ids`).
+
+Weights: the engine samples from the very module it was given. When the trainer shares that module
+(the usual single-process setup), `update_weights` is a no-op; otherwise it copies in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from vagen.engines.base import ENGINES, Context, EngineSource, Generation, SamplingParams
+
+
+def left_pad(contexts: list[Context], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad prompts into `input_ids` (B, L) int64 and `attention_mask` (B, L) int64 (1 = real token)."""
+    width = max(len(c.token_ids) for c in contexts)
+    input_ids = torch.full((len(contexts), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(contexts), width), dtype=torch.long)
+    for row, context in enumerate(contexts):
+        n = len(context.token_ids)
+        input_ids[row, width - n :] = torch.tensor(context.token_ids, dtype=torch.long)
+        attention_mask[row, width - n :] = 1
+    return input_ids.to(device), attention_mask.to(device)
+
+
+def restrict_to_top_k(scores: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Set all but the `top_k` largest scores of each row (B, V) to -inf; 0 keeps everything."""
+    if top_k <= 0 or top_k >= scores.shape[-1]:
+        return scores
+    kth_largest = torch.topk(scores, top_k, dim=-1).values[:, -1:]  # (B, 1)
+    return scores.masked_fill(scores < kth_largest, float("-inf"))
+
+
+def restrict_to_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep, per row of `scores` (B, V), the smallest set of tokens whose probability reaches `top_p`."""
+    if top_p >= 1.0:
+        return scores
+    sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+    sorted_probs = torch.softmax(sorted_scores, dim=-1)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    # A token is dropped once the more likely ones already reach top_p; the most likely one never is.
+    drop_sorted = mass_before >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return scores.masked_fill(drop, float("-inf"))
+
+
+def sample_next_tokens(
+    logits: torch.Tensor,
+    sampling: SamplingParams,
+    generator: torch.Generator | None,
+    banned_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row of `logits` (B, V), never one of `banned_ids` (K,) int64.
+
+    Returns `tokens` (B,) int64 and their RAW log-probs (B,) float32: `log_softmax(logits)` before
+    banning, temperature and truncation, the convention documented on `Generation.logprobs`.
+    """
+    logits = logits.float()
+    raw_logprobs = torch.log_softmax(logits, dim=-1)
+    scores = logits if banned_ids is None else logits.index_fill(-1, banned_ids, float("-inf"))
+    if sampling.greedy:
+        tokens = scores.argmax(dim=-1)
+    else:
+        scores = restrict_to_top_p(restrict_to_top_k(scores / sampling.temperature, sampling.top_k), sampling.top_p)
+        probs = torch.softmax(scores, dim=-1)
+        tokens = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    return tokens, raw_logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def mrope_index_fn(model: torch.nn.Module) -> Any:
+    """The model's `get_rope_index` if it uses Qwen2-VL-style 3-D rope positions, else None."""
+    inner = getattr(model, "model", None)
+    return getattr(inner, "get_rope_index", None)
+
+
+def prompt_position_ids(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    image_grid_thw: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position ids of a left-padded prompt batch, and the offset that decode positions continue from.
+
+    input_ids, attention_mask: (B, L) int64.
+    Returns `position_ids`, (B, L) for ordinary causal LMs or (3, B, L) for mrope models, and
+    `rope_delta` (B,) int64: a token appended at real index t (0-based, pads not counted) sits at
+    position t + rope_delta (0 for text models; for mrope, images use fewer positions than tokens).
+    A trainer that wants positions identical to generation can call this on its own batch.
+    """
+    get_rope_index = mrope_index_fn(model)
+    if get_rope_index is None:
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, L)
+        return position_ids, torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
+    image_token_id = model.config.image_token_id
+    mm_token_type_ids = (input_ids == image_token_id).int()  # 1 marks an image token, as the processor does
+    position_ids, rope_delta = get_rope_index(
+        input_ids, mm_token_type_ids=mm_token_type_ids, image_grid_thw=image_grid_thw, attention_mask=attention_mask
+    )
+    return position_ids, rope_delta.view(-1)  # (3, B, L), (B,)
+
+
+def placeholder_token_ids(model: torch.nn.Module) -> list[int]:
+    """Image / video pad ids of a vision-language model ([] otherwise).
+
+    They are never sampled: a generated pad would be read as an image slot when the trainer re-runs
+    the sequence with its images, so the sampled ids could not be trained on (token-in/token-out).
+    """
+    if mrope_index_fn(model) is None:
+        return []
+    names = ("image_token_id", "video_token_id")
+    return [i for i in (getattr(model.config, name, None) for name in names) if isinstance(i, int)]
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Sample in eval mode (no dropout) and restore the trainer's mode afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+@ENGINES.register("hf")
+class HFEngine:
+    """Batched generation with a transformers model (any causal LM, or Qwen2-VL / Qwen2.5-VL).
+
+    model: a `PreTrainedModel`; generation runs on its device and in its dtype.
+    processor: tokenizer or multimodal processor; only its `image_processor` is used (for images).
+    max_batch_size: most contexts in one forward; None puts every context of a call in one batch.
+    """
+
+    def __init__(self, model: torch.nn.Module, processor: Any = None, max_batch_size: int | None = None) -> None:
+        if max_batch_size is not None and (not isinstance(max_batch_size, int) or max_batch_size < 1):
+            raise ValueError(f"max_batch_size must be a positive int or None, got {max_batch_size!r}.")
+        self.model = model
+        self.processor = processor
+        self.max_batch_size = max_batch_size
+        self._accepts_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+
+    @classmethod
+    def from_source(cls, source: EngineSource, **engine_kwargs: Any) -> HFEngine:
+        if source.model is None:
+            raise ValueError(
+                "The 'hf' engine samples from a live transformers model, but EngineSource.model is None; "
+                "pass EngineSource(model=policy, processor=processor)."
+            )
+        return cls(source.model, source.processor, **engine_kwargs)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Copy `state_dict` into the model in place; a no-op when it already is the model's own tensors."""
+        own = self.model.state_dict()
+        if own.keys() == state_dict.keys() and all(
+            own[name].data_ptr() == tensor.data_ptr() for name, tensor in state_dict.items()
+        ):
+            return  # shared module: the trainer's update is already what we sample from
+        self.model.load_state_dict(dict(state_dict), strict=True)
+
+    def generate(self, contexts: list[Context], sampling: SamplingParams) -> list[Generation]:
+        """One `Generation` per context, same order; see the module docstring for batching."""
+        if not contexts:
+            return []
+        for index, context in enumerate(contexts):
+            self._check_context(index, context)
+        generator = None
+        if sampling.seed is not None and not sampling.greedy:
+            generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
+        results: list[Generation | None] = [None] * len(contexts)
+        with torch.no_grad(), _eval_mode(self.model):
+            for indices in self._micro_batches(contexts):
+                batch = [contexts[i] for i in indices]
+                for i, generation in zip(indices, self._generate_batch(batch, sampling, generator), strict=True):
+                    results[i] = generation
+        return results  # type: ignore[return-value]
+
+    def _micro_batches(self, contexts: list[Context]) -> list[list[int]]:
+        """Indices of each micro-batch; when splitting, similar lengths go together to save padding."""
+        size = self.max_batch_size or len(contexts)
+        if size >= len(contexts):
+            return [list(range(len(contexts)))]
+        by_length = sorted(range(len(contexts)), key=lambda i: len(contexts[i].token_ids))
+        return [by_length[start : start + size] for start in range(0, len(by_length), size)]
+
+    def _check_context(self, index: int, context: Context) -> None:
+        if not context.token_ids:
+            raise ValueError(f"Context {index} has no token ids; every prompt needs at least one token.")
+        vocab_size = self.model.get_input_embeddings().num_embeddings
+        bad = [t for t in context.token_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(
+                f"Context {index} has token ids outside the model's vocabulary [0, {vocab_size}): {bad[:5]}; "
+                "tokenize with the tokenizer that belongs to this model."
+            )
+        if context.images and mrope_index_fn(self.model) is None:
+            raise ValueError(
+                f"Context {index} has {len(context.images)} image(s) but {type(self.model).__name__} takes no "
+                "images; use a Qwen2-VL / Qwen2.5-VL model or drop the images."
+            )
+
+    def _image_inputs(self, batch: list[Context], input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """`pixel_values` and `image_grid_thw` of all images of the batch, in order; {} without images."""
+        images = [image for context in batch for image in context.images]
+        if not images:
+            if mrope_index_fn(self.model) is not None and bool((input_ids == self.model.config.image_token_id).any()):
+                raise ValueError("A context holds image pad tokens but no images; pass the images in Context.images.")
+            return {}
+        image_processor = getattr(self.processor, "image_processor", self.processor)
+        if "pixel_values" not in getattr(image_processor, "model_input_names", ()):
+            raise ValueError(
+                "Contexts carry images but the engine has no image processor; build it with "
+                "EngineSource(model=..., processor=<the model's AutoProcessor>)."
+            )
+        processed = image_processor(images=images, return_tensors="pt")
+        image_grid_thw = processed["image_grid_thw"].to(self.device)
+        self._check_image_pads(batch, input_ids, image_grid_thw)
+        pixel_values = processed["pixel_values"].to(self.device, dtype=self.model.dtype)
+        return {"pixel_values": pixel_values, "image_grid_thw": image_grid_thw}
+
+    def _check_image_pads(self, batch: list[Context], input_ids: torch.Tensor, image_grid_thw: torch.Tensor) -> None:
+        """Each context must hold exactly as many image pads as its images have tokens after merging."""
+        merge = self.model.config.vision_config.spatial_merge_size
+        tokens_per_image = (image_grid_thw.prod(dim=-1) // merge**2).tolist()
+        pads_per_row = (input_ids == self.model.config.image_token_id).sum(dim=-1).tolist()
+        first = 0
+        for row, context in enumerate(batch):
+            expected = sum(tokens_per_image[first : first + len(context.images)])
+            first += len(context.images)
+            if pads_per_row[row] != expected:
+                raise ValueError(
+                    f"A context has {pads_per_row[row]} image pad tokens but its {len(context.images)} image(s) "
+                    f"need {expected}; expand each image's pad to the image's token count with the same image "
+                    "processor settings (min_pixels / max_pixels) as the engine's processor."
+                )
+
+    def _forward(self, **inputs: Any) -> Any:
+        if self._accepts_logits_to_keep:
+            inputs["logits_to_keep"] = 1  # only the last position's logits are needed: saves (B, L, V) memory
+        return self.model(use_cache=True, **inputs)
+
+    def _generate_batch(
+        self, batch: list[Context], sampling: SamplingParams, generator: torch.Generator | None
+    ) -> list[Generation]:
+        """Prefill the left-padded prompts, then decode all rows together until each stops or hits the limit."""
+        device = self.device
+        image_token_id = getattr(self.model.config, "image_token_id", None)
+        pad_id = 1 if image_token_id == 0 else 0  # any id but the image pad: the mask hides it
+        input_ids, attention_mask = left_pad(batch, pad_id, device)
+        image_inputs = self._image_inputs(batch, input_ids)
+        position_ids, rope_delta = prompt_position_ids(
+            self.model, input_ids, attention_mask, image_inputs.get("image_grid_thw")
+        )
+        output = self._forward(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **image_inputs
+        )
+        next_index = attention_mask.sum(dim=-1)  # (B,) real-token index of the next token
+        stop_ids = torch.tensor(sampling.stop_token_ids, dtype=torch.long, device=device)
+        banned = placeholder_token_ids(self.model)
+        banned_ids = torch.tensor(banned, dtype=torch.long, device=device) if banned else None
+        alive = torch.ones(len(batch), dtype=torch.bool, device=device)
+        step_tokens, step_logprobs, step_alive = [], [], []
+        for step in range(sampling.max_new_tokens):
+            tokens, logprobs = sample_next_tokens(output.logits[:, -1, :], sampling, generator, banned_ids)
+            step_tokens.append(tokens)
+            step_logprobs.append(logprobs)
+            step_alive.append(alive)
+            alive = alive & ~torch.isin(tokens, stop_ids)
+            if step == sampling.max_new_tokens - 1 or not bool(alive.any()):
+                break
+            # Finished rows keep decoding (their outputs are ignored) so the batch stays rectangular.
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(batch), 1)], dim=-1)
+            positions = (next_index + rope_delta)[:, None]  # (B, 1)
+            if position_ids.dim() == 3:
+                positions = positions[None].expand(3, -1, -1)  # (3, B, 1): text tokens share one position
+            output = self._forward(
+                input_ids=tokens[:, None],
+                attention_mask=attention_mask,
+                position_ids=positions,
+                past_key_values=output.past_key_values,
+            )
+            next_index = next_index + 1
+        return _collect(step_tokens, step_logprobs, step_alive, stop_ids)
+
+
+def _collect(
+    step_tokens: list[torch.Tensor],
+    step_logprobs: list[torch.Tensor],
+    step_alive: list[torch.Tensor],
+    stop_ids: torch.Tensor,
+) -> list[Generation]:
+    """Turn per-step (B,) tensors into one `Generation` per row, keeping only steps where the row was alive."""
+    tokens = torch.stack(step_tokens, dim=1).cpu()  # (B, T)
+    logprobs = torch.stack(step_logprobs, dim=1).cpu()  # (B, T)
+    lengths = torch.stack(step_alive, dim=1).sum(dim=1).cpu()  # (B,)
+    stops = set(stop_ids.tolist())
+    generations = []
+    for row in range(tokens.shape[0]):
+        n = int(lengths[row])
+        ids = tokens[row, :n].tolist()
+        finish = "stop" if ids and ids[-1] in stops else "length"
+        generations.append(Generation(ids, logprobs[row, :n].tolist(), finish))
+    return generations

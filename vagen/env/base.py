@@ -1,0 +1,263 @@
+"""The environment protocol: Gymnasium envs whose actions are model responses.
+
+A game subclasses `LanguageEnv` and implements five small hooks (`_reset_game`, `_apply`,
+`_state_text`, `_rules_text`, and `_render_image` for visual variants). The base class owns what
+every game shares and what must not differ between games: seeding, response parsing, the format
+penalty, turn counting, the `info` schema and how observations are composed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import gymnasium
+import numpy as np
+from PIL import Image
+
+from vagen.env.observation import IMAGE_PLACEHOLDER, OBSERVATION_MODES, Observation
+from vagen.env.parsing import RESPONSE_FORMATS, format_instructions, match_actions, parse_response
+
+INFO_KEYS = ("success", "format_ok", "action_is_valid", "action_is_effective", "actions", "error")
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """The outcome of one environment action: its reward, whether it changed the state, whether the
+    episode is over (`terminated`: a terminal state; `truncated`: a budget such as Sokoban's
+    `max_steps` ran out), and whether the task is now solved. A game sets `error` (why) when the
+    action is invalid in a way only the game can judge, e.g. an unparsable Countdown expression:
+    the base class then treats it like an unknown action name (format penalty, not executed)."""
+
+    reward: float
+    effective: bool
+    terminated: bool = False
+    truncated: bool = False
+    success: bool = False
+    error: str | None = None
+
+
+@dataclass
+class _TurnOutcome:
+    """What executing one turn's actions did (internal to `LanguageEnv.step`)."""
+
+    reward: float = 0.0
+    effective: bool = False
+    terminated: bool = False
+    budget_out: bool = False
+    executed: list[str] = field(default_factory=list)
+    invalid: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+class ResponseSpace(gymnasium.spaces.Space[str]):
+    """Any string is a valid action (the parser judges it); `sample` writes a well-formed random turn."""
+
+    def __init__(self, action_names: tuple[str, ...] | None, action_separator: str, max_actions: int, seed=None):
+        super().__init__(shape=None, dtype=None, seed=seed)
+        self.action_names, self.action_separator, self.max_actions = action_names, action_separator, max_actions
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str)
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        if not self.action_names:
+            return "<think>random</think><answer>0</answer>"
+        count = int(self.np_random.integers(1, self.max_actions + 1))
+        picks = self.np_random.choice(len(self.action_names), size=count)
+        answer = f" {self.action_separator} ".join(self.action_names[i] for i in picks)
+        return f"<think>random</think><answer>{answer}</answer>"
+
+
+class ObservationSpace(gymnasium.spaces.Space[Observation]):
+    """Observations are `Observation` objects; their own constructor checks placeholders."""
+
+    def __init__(self) -> None:
+        super().__init__(shape=None, dtype=None)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, Observation)
+
+    def sample(self, mask: Any = None, probability: Any = None) -> Observation:
+        raise NotImplementedError("Observations come from reset/step; they cannot be sampled.")
+
+
+class LanguageEnv(gymnasium.Env[Observation, str]):
+    """A multi-turn game played by writing `<think>…</think><answer>…</answer>` responses.
+
+    Contract:
+    - `reset(seed)` → `(Observation, info)`; the first observation holds the rules, the response
+      format and the initial state. Same seed ⇒ same episode in any process: all randomness comes
+      from `self.np_random`, which Gymnasium seeds in `reset`.
+    - `step(response)` → `(Observation, reward, terminated, truncated, info)`. Never raises on model
+      output: a malformed response or an invalid action adds `format_penalty` to the reward and the
+      turn still counts. `info` always has the keys of `INFO_KEYS`.
+    - `truncated` is True when `max_turns` turns were played without the episode ending.
+
+    Subclasses set `action_names` (None means the whole answer is one free-form action) and
+    `example_answer`, and implement the hooks below.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array", "ansi"]}
+    action_names: ClassVar[tuple[str, ...] | None] = None
+    example_answer: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        *,
+        observation: str = "text",
+        response_format: str = "free_think",
+        action_separator: str = "||",
+        max_actions_per_turn: int = 3,
+        format_penalty: float = -0.1,
+        max_turns: int = 5,
+        render_mode: str | None = None,
+    ) -> None:
+        if observation not in OBSERVATION_MODES:
+            raise ValueError(f"Unknown observation mode {observation!r}; choose one of {OBSERVATION_MODES}.")
+        if observation != "text" and not self.supports_images:
+            raise ValueError(
+                f"{type(self).__name__} renders text only; observation={observation!r} needs the visual "
+                "variant (gymnasium.make('vagen/...-v0') or the class in envs_visual)."
+            )
+        if response_format not in RESPONSE_FORMATS:
+            raise ValueError(f"Unknown response_format {response_format!r}; choose one of {RESPONSE_FORMATS}.")
+        if max_actions_per_turn < 1 or max_turns < 1:
+            raise ValueError("max_actions_per_turn and max_turns must both be >= 1.")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"Unknown render_mode {render_mode!r}; choose one of {self.metadata['render_modes']}.")
+        self.observation_mode = observation
+        self.response_format = response_format
+        self.action_separator = action_separator
+        self.max_actions_per_turn = max_actions_per_turn if self.action_names else 1
+        self.format_penalty = float(format_penalty)
+        self.max_turns = max_turns
+        self.render_mode = render_mode
+        self.observation_space = ObservationSpace()
+        self.action_space = ResponseSpace(self.action_names, action_separator, self.max_actions_per_turn)
+        self._turn = 0
+        self._success = False
+        self._done = False
+
+    # ---- hooks for games -------------------------------------------------------------------
+    def _reset_game(self, options: dict[str, Any] | None) -> None:
+        """Start a new episode, drawing any randomness from `self.np_random`."""
+        raise NotImplementedError
+
+    def _apply(self, action: str) -> ActionResult:
+        """Execute one canonical action (or the whole answer when `action_names` is None)."""
+        raise NotImplementedError
+
+    def _state_text(self) -> str:
+        """The current state as text (e.g. the grid)."""
+        raise NotImplementedError
+
+    def _rules_text(self) -> str:
+        """What the game is, what the symbols mean, which actions exist."""
+        raise NotImplementedError
+
+    def solver_actions(self) -> list[str]:
+        """The oracle's next actions from the current state (an optimal plan where the game has one).
+        Used by the built-in `solver` policy for demos, GIFs and the ceiling row of benchmarks."""
+        raise NotImplementedError(f"{type(self).__name__} has no solver.")
+
+    def _render_image(self) -> Image.Image:
+        """The current state as an RGB image; implemented by the visual variants."""
+        raise NotImplementedError(f"{type(self).__name__} has no image renderer.")
+
+    @property
+    def supports_images(self) -> bool:
+        return type(self)._render_image is not LanguageEnv._render_image
+
+    # ---- the protocol ----------------------------------------------------------------------
+    @property
+    def instructions(self) -> str:
+        """Rules plus the response format, as the first observation states them."""
+        fmt = format_instructions(
+            self.response_format, self.example_answer, self.max_actions_per_turn, self.action_separator
+        )
+        return f"{self._rules_text()}\n{fmt}"
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict]:
+        super().reset(seed=seed)
+        self._turn, self._success, self._done = 0, False, False
+        self._reset_game(options)
+        info = {
+            "success": False,
+            "format_ok": True,
+            "action_is_valid": True,
+            "action_is_effective": False,
+            "actions": [],
+            "error": None,
+        }
+        return self._observation(f"{self.instructions}\n"), info
+
+    def step(self, response: str) -> tuple[Observation, float, bool, bool, dict]:
+        if self._done:
+            raise RuntimeError("step() called after the episode ended; call reset() first.")
+        self._turn += 1
+        parsed = parse_response(
+            response,
+            response_format=self.response_format,
+            action_separator=self.action_separator,
+            max_actions=self.max_actions_per_turn,
+        )
+        if self.action_names is None:
+            executable, invalid = ([parsed.answer] if parsed.format_ok else []), []
+        else:
+            executable, invalid = match_actions(parsed.actions, self.action_names)
+        turn = self._execute(executable)
+        error = parsed.error or turn.error
+        if (invalid or turn.invalid) and error is None:
+            error = f"invalid action(s) {invalid!r}; valid: {list(self.action_names or [])}"
+        reward = turn.reward + (self.format_penalty if error else 0.0)
+        truncated = not turn.terminated and (turn.budget_out or self._turn >= self.max_turns)
+        self._done = turn.terminated or truncated
+        info = {
+            "success": self._success,
+            "format_ok": parsed.format_ok,
+            "action_is_valid": parsed.format_ok and not (invalid or turn.invalid),
+            "action_is_effective": turn.effective,
+            "actions": turn.executed,
+            "error": error,
+        }
+        feedback = f"Executed: {', '.join(turn.executed) or 'nothing'}. Reward: {reward:g}."
+        if error:
+            feedback += f" Problem: {error}."
+        return self._observation(feedback + "\n"), float(reward), turn.terminated, truncated, info
+
+    def _execute(self, actions: list[str]) -> _TurnOutcome:
+        """Apply actions in order until one is invalid, ends the episode, or exhausts a budget."""
+        turn = _TurnOutcome()
+        for index, action in enumerate(actions):
+            result = self._apply(action)
+            if result.error:
+                turn.invalid, turn.error = actions[index:], result.error
+                break
+            turn.executed.append(action)
+            turn.reward += result.reward
+            turn.effective |= result.effective
+            self._success |= result.success
+            if result.terminated or result.success:
+                turn.terminated = True
+                break
+            if result.truncated:
+                turn.budget_out = True
+                break
+        return turn
+
+    def _observation(self, prefix: str) -> Observation:
+        state = "Current state:"
+        if self.observation_mode == "text":
+            return Observation(f"{prefix}{state}\n{self._state_text()}")
+        image = self._render_image()
+        if self.observation_mode == "image":
+            return Observation(f"{prefix}{state} {IMAGE_PLACEHOLDER}", [image])
+        return Observation(f"{prefix}{state} {IMAGE_PLACEHOLDER}\n{self._state_text()}", [image])
+
+    def render(self) -> np.ndarray | str | None:
+        if self.render_mode == "rgb_array":
+            return np.asarray(self._render_image().convert("RGB"))
+        if self.render_mode == "ansi":
+            return self._state_text()
+        return None
