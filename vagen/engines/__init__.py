@@ -5,9 +5,9 @@ from vagen.engines.base import ENGINES, Context, Engine, EngineSource, Generatio
 from vagen.engines.hf import HFEngine
 
 __all__ = [
+    "ENGINES",
     "ApiEngine",
     "ApiGeneration",
-    "ENGINES",
     "Context",
     "Engine",
     "EngineSource",
