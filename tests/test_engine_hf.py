@@ -18,15 +18,6 @@ GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
 INIT_RANGE = 0.3
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a busy 2-core machine threads contend badly (20x slower)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
 def text_model():
     config = Qwen2Config(

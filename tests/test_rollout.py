@@ -1,0 +1,148 @@
+"""The multi-turn agent loop with a real tiny Qwen2.5-VL, the transformers engine and real envs."""
+
+import pytest
+import torch
+
+from vagen.engines import Context, HFEngine, SamplingParams
+from vagen.env import make_env
+from vagen.models.tiny import build_tiny_text_lm, build_tiny_vl, load_tiny_text_lm, load_tiny_vl
+from vagen.rollout import DialogueFormatter, RolloutSpec, collect_rollouts, trajectories_to_batch
+
+SAMPLING = SamplingParams(max_new_tokens=24, temperature=1.0, seed=7)
+
+
+class RecordingEngine:
+    """The real engine, plus a record of every context it was asked to continue."""
+
+    def __init__(self, engine):
+        self.engine, self.contexts = engine, []
+
+    def generate(self, contexts, sampling):
+        self.contexts.extend(contexts)
+        return self.engine.generate(contexts, sampling)
+
+
+@pytest.fixture(scope="module")
+def tiny_vl():
+    model, processor = load_tiny_vl(build_tiny_vl(size="test"))
+    return model, processor
+
+
+def sokoban_visual():
+    return make_env("vagen/Sokoban-v0", observation="image", tile_px=28, max_turns=3)
+
+
+def play(tiny_vl, seeds=(0, 1), group_size=2, max_context_tokens=4096, engine=None):
+    model, processor = tiny_vl
+    formatter = DialogueFormatter(processor.tokenizer, processor.image_processor)
+    spec = RolloutSpec(group_seeds=list(seeds), group_size=group_size, max_context_tokens=max_context_tokens)
+    return collect_rollouts(sokoban_visual, engine or HFEngine(model, processor), formatter, spec, SAMPLING)
+
+
+def test_groups_share_seeds_and_play_to_the_end(tiny_vl):
+    trajectories = play(tiny_vl)
+    assert [(t.group_id, t.seed) for t in trajectories] == [(0, 0), (0, 0), (1, 1), (1, 1)]
+    for trajectory in trajectories:
+        assert 1 <= len(trajectory.turns) <= 3
+        assert trajectory.terminated or trajectory.truncated
+        assert trajectory.end_reason in {"success", "terminated", "max_turns"}
+        assert all(turn.info for turn in trajectory.turns)
+
+
+def test_loss_mask_is_one_exactly_on_sampled_ids_and_contexts_match(tiny_vl):
+    """Token-in/token-out: the sequence trained on is exactly what the engine saw plus what it sampled."""
+    model, processor = tiny_vl
+    recorder = RecordingEngine(HFEngine(model, processor))
+    trajectories = play(tiny_vl, engine=recorder)
+    contexts = iter(recorder.contexts)
+    seen: dict[int, list[Context]] = {}
+    # Contexts arrive turn by turn for the live episodes, in trajectory order.
+    for turn_index in range(3):
+        for index, trajectory in enumerate(trajectories):
+            if turn_index < len(trajectory.turns):
+                seen.setdefault(index, []).append(next(contexts))
+    for index, trajectory in enumerate(trajectories):
+        ids, mask = trajectory.token_ids_and_mask()
+        sampled = [token for token, m in zip(ids, mask, strict=True) if m]
+        assert sampled == [token for turn in trajectory.turns for token in turn.response_ids]
+        for (start, end), turn, context in zip(trajectory.response_spans(), trajectory.turns, seen[index], strict=True):
+            assert context.token_ids == ids[:start]  # the update sees the context the rollout saw
+            assert ids[start:end] == turn.response_ids and all(mask[start:end])
+            assert not any(mask[:start][-len(turn.prompt_ids) :])
+
+
+def test_image_pads_agree_with_attached_images(tiny_vl):
+    _, processor = tiny_vl
+    formatter = DialogueFormatter(processor.tokenizer, processor.image_processor)
+    pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    for trajectory in play(tiny_vl):
+        ids, _ = trajectory.token_ids_and_mask()
+        assert len(trajectory.images) == len(trajectory.turns)  # one state image per turn
+        assert ids.count(pad) == sum(formatter.image_token_counts(trajectory.images)) == 36 * len(trajectory.turns)
+        assert all(turn.response_ids.count(pad) == 0 for turn in trajectory.turns)
+
+
+def test_rollouts_are_deterministic_for_a_seed(tiny_vl):
+    first, second = play(tiny_vl), play(tiny_vl)
+    for a, b in zip(first, second, strict=True):
+        assert a.token_ids_and_mask() == b.token_ids_and_mask()
+        assert a.sampled_logprobs() == b.sampled_logprobs()
+        assert [t.reward for t in a.turns] == [t.reward for t in b.turns]
+
+
+def test_batch_puts_rewards_on_last_sampled_token(tiny_vl):
+    trajectories = play(tiny_vl)
+    batch = trajectories_to_batch(trajectories, pad_token_id=0)
+    assert batch.input_ids.shape[0] == len(trajectories)
+    for row, trajectory in enumerate(trajectories):
+        assert torch.isclose(batch.token_rewards[row].sum(), torch.tensor(trajectory.total_reward))
+        for turn_index, (start, end) in enumerate(trajectory.response_spans()):
+            assert batch.token_rewards[row, end - 1] == pytest.approx(trajectory.turns[turn_index].reward)
+            assert (batch.turn_ids[row, start:end] == turn_index).all()
+        assert batch.response_mask[row].sum() == sum(len(t.response_ids) for t in trajectory.turns)
+
+
+def test_context_budget_ends_episodes_as_truncated(tiny_vl):
+    first_prompt = len(play(tiny_vl, seeds=(0,), group_size=1)[0].turns[0].prompt_ids)
+    budget = first_prompt + SAMPLING.max_new_tokens + 10  # room for one turn, not two
+    for trajectory in play(tiny_vl, seeds=(0,), group_size=2, max_context_tokens=budget):
+        assert trajectory.truncated and trajectory.end_reason == "context_budget"
+        assert len(trajectory.turns) == 1
+    with pytest.raises(ValueError, match="max_context_tokens"):
+        play(tiny_vl, seeds=(0,), group_size=1, max_context_tokens=first_prompt)
+
+
+def test_text_only_model_with_image_env_is_a_clear_error():
+    model, tokenizer = load_tiny_text_lm(build_tiny_text_lm(size="test"))
+    formatter = DialogueFormatter(tokenizer)
+    spec = RolloutSpec(group_seeds=[0], group_size=1, max_context_tokens=2048)
+    with pytest.raises(ValueError, match="text-only model"):
+        collect_rollouts(sokoban_visual, HFEngine(model, tokenizer), formatter, spec, SAMPLING)
+
+
+def test_text_env_with_text_model_rolls_out():
+    model, tokenizer = load_tiny_text_lm(build_tiny_text_lm(size="test"))
+    formatter = DialogueFormatter(tokenizer)
+    spec = RolloutSpec(group_seeds=[3], group_size=2, max_context_tokens=2048)
+    make = lambda: make_env("vagen/FrozenLake-v0", observation="text", max_turns=2)
+    trajectories = collect_rollouts(make, HFEngine(model, tokenizer), formatter, spec, SAMPLING)
+    assert len(trajectories) == 2 and all(t.turns and not t.images for t in trajectories)
+
+
+def test_a_template_that_drops_images_names_the_turn(tiny_vl):
+    model, processor = tiny_vl
+    tokenizer = processor.tokenizer
+    original = tokenizer.chat_template
+    # A ChatML template that renders only text parts: the image pads go missing.
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
+        "{% else %}{% for p in m['content'] %}{% if p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}"
+        "{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    try:
+        formatter = DialogueFormatter(tokenizer, processor.image_processor)
+        spec = RolloutSpec(group_seeds=[5], group_size=1, max_context_tokens=4096, env_name="sokoban_visual")
+        with pytest.raises(ValueError, match=r"sokoban_visual group 0 seed 5, turn 1: .*0 '<\|image_pad\|>'"):
+            collect_rollouts(sokoban_visual, HFEngine(model, processor), formatter, spec, SAMPLING)
+    finally:
+        tokenizer.chat_template = original

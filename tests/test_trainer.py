@@ -1,0 +1,140 @@
+"""End-to-end StarPO runs on the tiny random models: every preset, resume exactness, config errors."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from vagen.trainer import starpo
+from vagen.trainer.run import train
+from vagen.trainer.starpo import StarPOTrainer
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+FAST = [
+    "trainer.groups=2",
+    "trainer.group_size=2",
+    "trainer.mini_batch_size=4",
+    "trainer.micro_batch_size=2",
+    "rollout.max_new_tokens=12",
+    "logger.wandb_mode=disabled",
+    "logger.progress=false",
+    "trainer.viz_every=0",
+]
+TEXT = ["env=bandit_text", "model=tiny_text_test", *FAST]
+VISUAL = ["env=sokoban_visual", "model=tiny_vl_test", "env.kwargs.max_turns=2", *FAST]
+
+
+def config(overrides, tmp_path=None):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose("train", overrides=list(overrides))
+    if tmp_path is not None:
+        cfg.run_dir = str(tmp_path / "run")
+    return cfg
+
+
+def snapshot(module):
+    return {name: p.detach().clone() for name, p in module.named_parameters()}
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "drgrpo", "dapo", "ppo", "starpo_s"])
+def test_each_preset_updates_every_parameter_with_finite_metrics(algorithm):
+    cfg = config([*TEXT, f"algorithm={algorithm}", "filter.empty_policy=keep_all"])
+    trainer = StarPOTrainer(cfg)
+    before = snapshot(trainer.model)
+    metrics = trainer.train_iteration()
+    # Explained variance is undefined (NaN, logged as such) when every return is equal.
+    undefined = {"critic/explained_variance"} if metrics["filter/reward_std_mean"] == 0 else set()
+    assert all(math.isfinite(v) for k, v in metrics.items() if k not in undefined), metrics
+    changed = [name for name, p in trainer.model.named_parameters() if not torch.equal(p, before[name])]
+    assert len(changed) == len(before), f"unchanged: {set(before) - set(changed)}"
+    assert {"policy/approx_kl", "policy/clipfrac", "policy/entropy", "policy/grad_norm"} <= metrics.keys()
+    if cfg.algorithm.critic:
+        assert {"critic/explained_variance", "critic/grad_norm", "loss/value"} <= metrics.keys()
+    assert ("loss/kl" in metrics) == (cfg.algorithm.kl_coef > 0)
+
+
+def test_starpo_s_is_one_preset():
+    cfg = config([*TEXT, "algorithm=starpo_s"])
+    assert (cfg.filter.strategy, cfg.algorithm.kl_coef, cfg.algorithm.clip_low, cfg.algorithm.clip_high) == (
+        "top_p",
+        0.0,
+        0.2,
+        0.28,
+    )
+    assert cfg.algorithm.critic and cfg.algorithm.advantage == "gae"
+    assert config([*TEXT, "algorithm=starpo_s", "filter=none"]).filter.strategy == "none"
+
+
+@pytest.mark.parametrize("overrides", [TEXT, VISUAL], ids=["text", "visual"])
+def test_two_iteration_run_writes_its_folder(overrides, tmp_path):
+    cfg = config([*overrides, "trainer.iterations=2", "trainer.save_every=1", "trainer.viz_every=2"], tmp_path)
+    run_dir = train(cfg)
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2]
+    assert all(isinstance(v, (int, float)) and math.isfinite(v) for line in lines for v in line.values())
+    assert (run_dir / "config.yaml").exists()
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["iter_000001", "iter_000002"]
+    assert list((run_dir / "gifs" / "iter_000002").glob("*.gif"))
+
+
+def test_resume_is_exact(tmp_path):
+    """4 iterations straight == 2 iterations, a fresh process state, resume, 2 more (within 1e-6)."""
+    straight = config([*VISUAL, "algorithm=ppo", "trainer.iterations=4", "trainer.save_every=2"], tmp_path / "a")
+    train(straight)
+    reference = StarPOTrainer(straight)
+    from vagen.trainer.checkpoint import latest_checkpoint, load_checkpoint
+
+    load_checkpoint(
+        latest_checkpoint(tmp_path / "a" / "run"),
+        modules=reference.modules,
+        optimizers=reference.optimizers,
+        schedulers=reference.schedulers,
+    )
+    first = config([*VISUAL, "algorithm=ppo", "trainer.iterations=2", "trainer.save_every=2"], tmp_path / "b")
+    train(first)
+    torch.manual_seed(12345)  # disturb global RNG state: resume must restore it
+    resumed_cfg = config([*VISUAL, "algorithm=ppo", "trainer.iterations=4", "trainer.save_every=2"], tmp_path / "b")
+    train(resumed_cfg)
+    resumed = StarPOTrainer(resumed_cfg)
+    load_checkpoint(
+        latest_checkpoint(tmp_path / "b" / "run"),
+        modules=resumed.modules,
+        optimizers=resumed.optimizers,
+        schedulers=resumed.schedulers,
+    )
+    for name, module in reference.modules.items():
+        for (key, a), (_, b) in zip(
+            module.state_dict().items(), resumed.modules[name].state_dict().items(), strict=True
+        ):
+            assert torch.allclose(a, b, atol=1e-6), f"{name}.{key} differs after resume"
+    steps = [json.loads(line)["step"] for line in (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ([*TEXT, "algorithm.advantage=gae", "algorithm.critic=false"], "needs a value model"),
+        ([*TEXT, "trainer.group_size=1"], "group_size=1 must be >= 2"),
+        ([*TEXT, "rollout.max_context_tokens=40"], "Raise rollout.max_context_tokens"),
+        (["env=sokoban_visual", "model=tiny_text_test", *FAST], "reads text only"),
+        ([*TEXT, "algorithm.loss_agg=mean"], "Unknown algorithm.loss_agg"),
+        ([*TEXT, "trainer.micro_batch_size=8"], "micro_batch_size"),
+    ],
+)
+def test_incompatible_configs_fail_before_any_model_loads(overrides, message, monkeypatch):
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the config was validated")
+
+    monkeypatch.setattr(starpo, "load_policy", no_model)
+    with pytest.raises(ValueError, match=message):
+        StarPOTrainer(config(overrides))
+
+
+def test_incompatible_checkpoint_is_a_clear_error(tmp_path):
+    train(config([*TEXT, "trainer.iterations=1", "trainer.save_every=1"], tmp_path))
+    with pytest.raises(ValueError, match="algorithm"):
+        train(config([*TEXT, "algorithm=ppo", "trainer.iterations=2"], tmp_path))

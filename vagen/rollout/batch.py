@@ -1,0 +1,109 @@
+"""Trajectories → padded training tensors, reading the exact sampled ids (token-in/token-out).
+
+Position convention used everywhere downstream: `logprobs[b, t]` is log π(input_ids[b, t] | input_ids[b, :t]),
+so the loss mask, rewards and advantages all sit on the position of the sampled token itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+
+from vagen.rollout.trajectory import Trajectory
+
+
+@dataclass
+class TokenBatch:
+    """A right-padded batch of whole dialogues.
+
+    input_ids      [B, T] long   the dialogue ids (context + sampled + template)
+    attention_mask [B, T] long   1 on real tokens
+    response_mask  [B, T] float  1 exactly on sampled tokens (the loss mask)
+    token_rewards  [B, T] float  each turn's reward on that turn's last sampled token
+    turn_ids       [B, T] long   turn index on sampled tokens, -1 elsewhere
+    rollout_logprobs [B, T] float the engine's log-probs on sampled tokens, 0 elsewhere
+    group_index    [B]    long   the group (initial state) of each dialogue
+    returns        [B]    float  total reward of each dialogue
+    images         B lists of PIL images, in the order their pad tokens appear
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    token_rewards: torch.Tensor
+    turn_ids: torch.Tensor
+    rollout_logprobs: torch.Tensor
+    group_index: torch.Tensor
+    returns: torch.Tensor
+    images: list[list[Image.Image]]
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, rows: torch.Tensor | list[int]) -> TokenBatch:
+        """The sub-batch of the given rows, trimmed to its longest dialogue."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        length = int(self.attention_mask[rows].sum(dim=1).max()) if len(rows) else 0
+        tensors = {
+            name: getattr(self, name)[rows][:, :length]
+            for name in (
+                "input_ids",
+                "attention_mask",
+                "response_mask",
+                "token_rewards",
+                "turn_ids",
+                "rollout_logprobs",
+            )
+        }
+        return TokenBatch(
+            **tensors,
+            group_index=self.group_index[rows],
+            returns=self.returns[rows],
+            images=[self.images[i] for i in rows.tolist()],
+        )
+
+
+def trajectories_to_batch(trajectories: list[Trajectory], pad_token_id: int) -> TokenBatch:
+    """Pad trajectories into a `TokenBatch`; raises if one has no sampled token (nothing to train on)."""
+    if not trajectories:
+        raise ValueError("No trajectories to batch.")
+    rows = []
+    for trajectory in trajectories:
+        ids, mask = trajectory.token_ids_and_mask()
+        if not any(mask):
+            raise ValueError(
+                f"Trajectory of group {trajectory.group_id} has no sampled token; it cannot be trained on."
+            )
+        rows.append((ids, mask, trajectory))
+    width = max(len(ids) for ids, _, _ in rows)
+    size = (len(rows), width)
+    input_ids = torch.full(size, pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros(size, dtype=torch.long)
+    response_mask = torch.zeros(size)
+    token_rewards = torch.zeros(size)
+    turn_ids = torch.full(size, -1, dtype=torch.long)
+    rollout_logprobs = torch.zeros(size)
+    for b, (ids, mask, trajectory) in enumerate(rows):
+        input_ids[b, : len(ids)] = torch.tensor(ids)
+        attention_mask[b, : len(ids)] = 1
+        response_mask[b, : len(ids)] = torch.tensor(mask, dtype=torch.float)
+        for turn_index, ((start, end), turn) in enumerate(
+            zip(trajectory.response_spans(), trajectory.turns, strict=True)
+        ):
+            turn_ids[b, start:end] = turn_index
+            rollout_logprobs[b, start:end] = torch.tensor(turn.response_logprobs, dtype=torch.float)
+            if end > start:
+                token_rewards[b, end - 1] += turn.reward
+    return TokenBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        response_mask=response_mask,
+        token_rewards=token_rewards,
+        turn_ids=turn_ids,
+        rollout_logprobs=rollout_logprobs,
+        group_index=torch.tensor([t.group_id for t in trajectories], dtype=torch.long),
+        returns=torch.tensor([t.total_reward for t in trajectories], dtype=torch.float),
+        images=[t.images for t in trajectories],
+    )

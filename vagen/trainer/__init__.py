@@ -1,0 +1,1 @@
+"""The StarPO trainer: one iteration in `starpo`, a whole run (resume, logging, checkpoints) in `run`."""

@@ -1,0 +1,83 @@
+"""Cross-field checks of a training config, run before any model loads; each error says the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vagen.algos.advantages import ADVANTAGE_ESTIMATORS
+from vagen.algos.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
+from vagen.engines import ENGINES
+from vagen.env import make_env
+from vagen.filtering import EMPTY_POLICIES, FILTER_STRATEGIES, SPREAD_STATS
+from vagen.rollout.context import DialogueFormatter
+
+CRITIC_ESTIMATORS = ("gae", "bilevel_gae")
+GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo")
+
+
+def _choice(value: Any, valid: list[str], key: str) -> None:
+    if value not in valid:
+        raise ValueError(f"Unknown {key}={value!r}; valid: {valid}.")
+
+
+def validate_config(cfg: Any) -> None:
+    """Raise `ValueError` for an incompatible combination of options, naming the option to change."""
+    algo, trainer, rollout, filt = cfg.algorithm, cfg.trainer, cfg.rollout, cfg.filter
+    _choice(algo.advantage, ADVANTAGE_ESTIMATORS.names(), "algorithm.advantage")
+    _choice(algo.loss_agg, LOSS_AGGREGATIONS.names(), "algorithm.loss_agg")
+    _choice(algo.kl_kind, KL_ESTIMATORS.names(), "algorithm.kl_kind")
+    _choice(filt.strategy, FILTER_STRATEGIES.names(), "filter.strategy")
+    _choice(filt.stat, SPREAD_STATS.names(), "filter.stat")
+    _choice(filt.empty_policy, list(EMPTY_POLICIES), "filter.empty_policy")
+    _choice(rollout.engine, ENGINES.names(), "rollout.engine")
+    if algo.advantage in CRITIC_ESTIMATORS and not algo.critic:
+        raise ValueError(
+            f"algorithm.advantage={algo.advantage} needs a value model: set algorithm.critic=true "
+            "(or use algorithm=ppo / starpo_s), or pick a critic-free estimator such as grpo."
+        )
+    if algo.advantage in GROUP_ESTIMATORS and trainer.group_size < 2:
+        raise ValueError(
+            f"algorithm.advantage={algo.advantage} compares rollouts within a group, so "
+            f"trainer.group_size={trainer.group_size} must be >= 2."
+        )
+    if filt.strategy != "none" and trainer.group_size < 2:
+        raise ValueError(
+            f"filter.strategy={filt.strategy} ranks groups by reward spread, which needs "
+            "trainer.group_size >= 2 (or use filter=none)."
+        )
+    if not 0 < algo.clip_low < 1 or algo.clip_high <= 0:
+        raise ValueError("algorithm.clip_low must be in (0, 1) and algorithm.clip_high > 0.")
+    if trainer.micro_batch_size > trainer.mini_batch_size:
+        raise ValueError(
+            f"trainer.micro_batch_size={trainer.micro_batch_size} exceeds trainer.mini_batch_size="
+            f"{trainer.mini_batch_size}; make it a divisor of the mini-batch."
+        )
+    if rollout.max_new_tokens >= rollout.max_context_tokens:
+        raise ValueError("rollout.max_new_tokens must be smaller than rollout.max_context_tokens.")
+    observation = cfg.env.kwargs.get("observation", "text")
+    if observation != "text" and cfg.model.modality == "text":
+        raise ValueError(
+            f"env={cfg.env.name} shows images (observation={observation}) but model={cfg.model.name} reads text "
+            f"only: use the text variant of the env (e.g. env={cfg.env.name.replace('_visual', '_text')}) or a "
+            "vision-language model (model=tiny_vl, model=qwen2_5_vl_3b)."
+        )
+    if trainer.lora.enabled:
+        try:
+            import peft  # noqa: F401
+        except ImportError as error:
+            raise ValueError("trainer.lora.enabled=true needs peft: pip install peft.") from error
+
+
+def check_prompt_fits(cfg: Any, tokenizer: Any, image_processor: Any | None) -> int:
+    """Length of the first prompt of the env; raises if it and one response overflow the context budget."""
+    env = make_env(cfg.env.id, **cfg.env.kwargs)
+    observation, _ = env.reset(seed=cfg.seed)
+    prompt = DialogueFormatter(tokenizer, image_processor).first_prompt(observation)
+    needed = len(prompt) + cfg.rollout.max_new_tokens
+    if needed > cfg.rollout.max_context_tokens:
+        raise ValueError(
+            f"The first prompt of env={cfg.env.name} is {len(prompt)} tokens; with rollout.max_new_tokens="
+            f"{cfg.rollout.max_new_tokens} it needs {needed} > rollout.max_context_tokens="
+            f"{cfg.rollout.max_context_tokens}. Raise rollout.max_context_tokens to at least {needed}."
+        )
+    return len(prompt)

@@ -1,0 +1,102 @@
+"""Teacher-forced forward passes over a `TokenBatch`: log-probs, entropies and values of sampled tokens.
+
+Only the positions that predict a sampled token go through the LM head, so memory is
+O(sampled tokens × vocab) instead of O(all tokens × vocab): observations and images can be long.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from vagen.algos.losses import entropy_from_logits
+from vagen.engines.hf import prompt_position_ids
+from vagen.rollout.batch import TokenBatch
+
+
+def _backbone(model: torch.nn.Module) -> torch.nn.Module:
+    backbone = getattr(model, "model", None)
+    if backbone is None:
+        raise ValueError(
+            f"{type(model).__name__} has no `.model` backbone; use a transformers *ForCausalLM or "
+            "*ForConditionalGeneration model."
+        )
+    return backbone
+
+
+def model_inputs(model: torch.nn.Module, batch: TokenBatch, processor: Any | None) -> dict[str, torch.Tensor]:
+    """Forward kwargs (ids, mask, positions, pixels) for a right-padded batch on the model's device."""
+    device = next(model.parameters()).device
+    input_ids = batch.input_ids.to(device)
+    attention_mask = batch.attention_mask.to(device)
+    images = [image for row in batch.images for image in row]
+    inputs: dict[str, torch.Tensor] = {"input_ids": input_ids, "attention_mask": attention_mask}
+    grid = None
+    if images:
+        image_processor = getattr(processor, "image_processor", processor)
+        if image_processor is None:
+            raise ValueError("The batch has images but no image processor was given; pass the model's processor.")
+        processed = image_processor(images=images, return_tensors="pt")
+        grid = processed["image_grid_thw"].to(device)
+        inputs["pixel_values"] = processed["pixel_values"].to(device, dtype=next(model.parameters()).dtype)
+        inputs["image_grid_thw"] = grid
+    inputs["position_ids"], _ = prompt_position_ids(model, input_ids, attention_mask, grid)
+    return inputs
+
+
+def sampled_positions(batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, cols) of sampled tokens; the hidden state at col-1 predicts each of them."""
+    rows, cols = batch.response_mask.nonzero(as_tuple=True)
+    if bool((cols == 0).any()):
+        raise ValueError("A sampled token at position 0 has no context to be predicted from.")
+    return rows, cols
+
+
+def hidden_before_sampled(backbone_output: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
+    """Hidden states [n_sampled, H] at the positions just before each sampled token."""
+    rows, cols = sampled_positions(batch)
+    return backbone_output[rows.to(backbone_output.device), (cols - 1).to(backbone_output.device)]
+
+
+def scatter_sampled(values: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
+    """Put per-sampled-token values [n_sampled] back into a [B, T] tensor (0 elsewhere)."""
+    rows, cols = sampled_positions(batch)
+    out = values.new_zeros(batch.input_ids.shape)
+    out[rows.to(values.device), cols.to(values.device)] = values
+    return out
+
+
+def policy_forward(
+    model: torch.nn.Module, batch: TokenBatch, processor: Any | None, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log π(sampled token | prefix) as [B, T] (0 off the response mask), and optionally the entropy [B, T]."""
+    inputs = model_inputs(model, batch, processor)
+    hidden = _backbone(model)(**inputs).last_hidden_state  # (B, T, H)
+    logits = model.get_output_embeddings()(hidden_before_sampled(hidden, batch)).float()  # (n, V)
+    rows, cols = sampled_positions(batch)
+    targets = batch.input_ids[rows, cols].to(logits.device)
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)  # (n,)
+    entropy = scatter_sampled(entropy_from_logits(logits), batch) if with_entropy else None
+    return scatter_sampled(logprobs, batch), entropy
+
+
+@torch.no_grad()
+def batched_logprobs(
+    model: torch.nn.Module, batch: TokenBatch, processor: Any | None, micro_batch: int
+) -> torch.Tensor:
+    """`policy_forward` log-probs for a whole batch, in micro-batches, without gradients: [B, T] on CPU."""
+    out = torch.zeros(batch.input_ids.shape)
+    for start in range(0, len(batch), micro_batch):
+        rows = list(range(start, min(start + micro_batch, len(batch))))
+        logprobs, _ = policy_forward(model, batch.select(rows), processor)
+        out[rows, : logprobs.shape[1]] = logprobs.float().cpu()
+    return out
+
+
+def critic_forward(critic: torch.nn.Module, batch: TokenBatch, processor: Any | None) -> torch.Tensor:
+    """V(state before each sampled token) as [B, T] (0 off the response mask)."""
+    inputs = model_inputs(critic, batch, processor)
+    hidden = critic.model(**inputs).last_hidden_state  # (B, T, H)
+    values = critic.value_head(hidden_before_sampled(hidden, batch)).squeeze(-1).float()  # (n,)
+    return scatter_sampled(values, batch)

@@ -1,0 +1,393 @@
+"""The StarPO loop (RAGEN): roll out whole multi-turn trajectories, then a PPO-style update on them.
+
+One iteration, in paper order:
+rollout → diagnostics hook (unfiltered batch) → group filter (whole groups) → old log-probs →
+reference log-probs → values → advantages → mini-batch PPO epochs with gradient accumulation → metrics.
+Every per-iteration random choice (sampling seed, shuffling) is derived from (seed, iteration), so
+a resumed run replays exactly what an uninterrupted one would have done.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from vagen.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageParams, masked_whiten
+from vagen.algos.losses import aggregate_loss, kl_penalty, policy_loss, value_loss
+from vagen.engines import EngineSource, SamplingParams, build_engine
+from vagen.env import make_env
+from vagen.filtering import apply_empty_policy, select_groups
+from vagen.models.registry import load_policy, load_processing
+from vagen.models.value import ValueModel
+from vagen.rollout import (
+    DialogueFormatter,
+    RolloutSpec,
+    TokenBatch,
+    Trajectory,
+    collect_rollouts,
+    trajectories_to_batch,
+)
+from vagen.trainer.config import check_prompt_fits, validate_config
+from vagen.trainer.forward import batched_logprobs, critic_forward, policy_forward
+
+SEED_STRIDE = 100_000  # env seeds of run seed s start at s * SEED_STRIDE; evaluation uses seeds >= 1e9
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """env/ and rollout/ metrics of a batch of trajectories (before filtering)."""
+    turns = [turn for t in trajectories for turn in t.turns]
+    count = max(len(turns), 1)
+    return {
+        "env/success": sum(t.success for t in trajectories) / len(trajectories),
+        "env/reward": sum(t.total_reward for t in trajectories) / len(trajectories),
+        "env/turns": len(turns) / len(trajectories),
+        "env/format_ok": sum(bool(turn.info.get("format_ok")) for turn in turns) / count,
+        "env/action_valid": sum(bool(turn.info.get("action_is_valid")) for turn in turns) / count,
+        "env/action_effective": sum(bool(turn.info.get("action_is_effective")) for turn in turns) / count,
+        "rollout/response_tokens": sum(len(turn.response_ids) for turn in turns) / count,
+        "rollout/length_cut": sum(turn.finish_reason == "length" for turn in turns) / count,
+        "rollout/context_budget_ends": sum(t.end_reason == "context_budget" for t in trajectories) / len(trajectories),
+    }
+
+
+def group_returns(trajectories: list[Trajectory], groups: int, group_size: int) -> torch.Tensor:
+    """Total rewards as [G, N], row g = the rollouts of group g in rollout order."""
+    rewards = torch.zeros(groups, group_size)
+    filled = [0] * groups
+    for trajectory in trajectories:
+        g = trajectory.group_id
+        rewards[g, filled[g]] = trajectory.total_reward
+        filled[g] += 1
+    return rewards
+
+
+@dataclass
+class UpdateStats:
+    """Metric tensors collected over all micro-batches of one update, averaged at the end."""
+
+    values: dict[str, list[torch.Tensor]]
+
+    @classmethod
+    def empty(cls) -> UpdateStats:
+        return cls(defaultdict(list))
+
+    def add(self, prefix: str, metrics: dict[str, torch.Tensor]) -> None:
+        for name, value in metrics.items():
+            self.values[f"{prefix}/{name}"].append(torch.as_tensor(value, dtype=torch.float).detach().cpu())
+
+    def means(self) -> dict[str, float]:
+        return {name: float(torch.stack(items).nanmean()) for name, items in self.values.items()}
+
+
+class StarPOTrainer:
+    """Owns the policy, optional critic and reference, their optimizers, and the loop state."""
+
+    def __init__(self, cfg: DictConfig) -> None:
+        validate_config(cfg)
+        self.cfg = cfg
+        model_cfg = cfg.model
+        tokenizer, image_processor = load_processing(
+            model_cfg.source, model_cfg.modality, path=model_cfg.path, size=model_cfg.size
+        )
+        self.prompt_tokens = check_prompt_fits(cfg, tokenizer, image_processor)
+        seed_everything(cfg.seed)
+        device = "cuda" if cfg.device == "auto" and torch.cuda.is_available() else cfg.device
+        device = "cpu" if device == "auto" else device
+        self.policy = load_policy(
+            model_cfg.name,
+            model_cfg.source,
+            model_cfg.modality,
+            path=model_cfg.path,
+            size=model_cfg.size,
+            dtype=model_cfg.dtype,
+            device=device,
+        )
+        self.model = self.policy.model
+        if cfg.trainer.lora.enabled:
+            self._add_lora()
+        self.formatter = DialogueFormatter(self.policy.tokenizer, self.policy.image_processor)
+        self.engine = build_engine(
+            cfg.rollout.engine,
+            EngineSource(model=self.model, processor=self.policy.processor, model_path=self.policy.folder),
+            **cfg.rollout.engine_kwargs,
+        )
+        self.critic = ValueModel(self.model).to(device) if cfg.algorithm.critic else None
+        self.reference = None
+        if cfg.algorithm.kl_coef > 0:
+            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.optimizers, self.schedulers = self._optimizers()
+        self.iteration = 0
+        self.seed_cursor = cfg.seed * SEED_STRIDE
+        self.diagnostic_state: dict[str, Any] = {}
+        self.last_trajectories: list[Trajectory] = []
+
+    # ---- construction --------------------------------------------------------------------
+    def _add_lora(self) -> None:
+        from peft import LoraConfig, inject_adapter_in_model
+
+        lora = self.cfg.trainer.lora
+        config = LoraConfig(
+            r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules)
+        )
+        inject_adapter_in_model(config, self.model)
+        for name, parameter in self.model.named_parameters():
+            parameter.requires_grad_("lora_" in name)
+
+    def _optimizers(self) -> tuple[dict, dict]:
+        trainer = self.cfg.trainer
+        warmup = max(trainer.warmup_iterations, 0)
+        ramp = lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        optimizers = {
+            "policy": torch.optim.AdamW(
+                [p for p in self.model.parameters() if p.requires_grad],
+                lr=trainer.lr,
+                weight_decay=trainer.weight_decay,
+            )
+        }
+        if self.critic is not None:
+            optimizers["critic"] = torch.optim.AdamW(
+                self.critic.parameters(), lr=trainer.critic_lr, weight_decay=trainer.weight_decay
+            )
+        schedulers = {name: torch.optim.lr_scheduler.LambdaLR(opt, ramp) for name, opt in optimizers.items()}
+        return optimizers, schedulers
+
+    @property
+    def modules(self) -> dict[str, torch.nn.Module]:
+        modules = {"policy": self.model}
+        if self.critic is not None:
+            modules["critic"] = self.critic
+        return modules
+
+    # ---- one iteration -------------------------------------------------------------------
+    def sampling(self) -> SamplingParams:
+        rollout = self.cfg.rollout
+        return SamplingParams(
+            max_new_tokens=rollout.max_new_tokens,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            seed=self.cfg.seed * 1_000_003 + self.iteration * 101,
+        )
+
+    def rollout(self) -> list[Trajectory]:
+        """P groups × N rollouts from the next P env seeds."""
+        trainer, env_cfg = self.cfg.trainer, self.cfg.env
+        seeds = list(range(self.seed_cursor, self.seed_cursor + trainer.groups))
+        self.seed_cursor += trainer.groups
+        spec = RolloutSpec(
+            group_seeds=seeds,
+            group_size=trainer.group_size,
+            max_context_tokens=self.cfg.rollout.max_context_tokens,
+            env_name=env_cfg.name,
+        )
+        make = lambda: make_env(env_cfg.id, **env_cfg.kwargs)
+        return collect_rollouts(make, self.engine, self.formatter, spec, self.sampling())
+
+    def diagnostics_hook(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """Diagnostics on the unfiltered batch (MI proxies plug in here)."""
+        return {}
+
+    def filter_hook(self, trajectories: list[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
+        """Keep or drop whole groups by reward spread, before any group statistic is computed."""
+        trainer, filt = self.cfg.trainer, self.cfg.filter
+        rewards = group_returns(trajectories, trainer.groups, trainer.group_size)
+        kept, metrics = select_groups(rewards, strategy=filt.strategy, value=filt.value, stat=filt.stat)
+        kept = apply_empty_policy(kept, trainer.groups, filt.empty_policy)
+        keep = set(kept.tolist())
+        out = {f"filter/{name}": float(value) for name, value in metrics.items()}
+        return [t for t in trajectories if t.group_id in keep], out
+
+    def train_iteration(self) -> dict[str, float]:
+        """One StarPO iteration; returns its metrics (namespace/name → float)."""
+        start = time.perf_counter()
+        trajectories = self.rollout()
+        self.last_trajectories = trajectories
+        rollout_s = time.perf_counter() - start
+        metrics = rollout_metrics(trajectories)
+        metrics.update(self.diagnostics_hook(trajectories))
+        kept, filter_metrics = self.filter_hook(trajectories)
+        metrics.update(filter_metrics)
+        rerolls = 0
+        while not kept and self.cfg.filter.empty_policy == "reroll" and rerolls < self.cfg.filter.max_rerolls:
+            rerolls += 1
+            kept, filter_metrics = self.filter_hook(self.rollout())
+        metrics["filter/rerolls"] = float(rerolls)
+        metrics["filter/skipped_update"] = float(not kept)
+        update_start = time.perf_counter()
+        if kept:
+            batch = trajectories_to_batch(kept, pad_token_id=self.policy.tokenizer.pad_token_id or 0)
+            metrics.update(self.update(batch))
+        for scheduler in self.schedulers.values():
+            scheduler.step()
+        self.engine.update_weights(self.model.state_dict())
+        self.iteration += 1
+        metrics["perf/rollout_s"] = rollout_s
+        metrics["perf/update_s"] = time.perf_counter() - update_start
+        metrics["perf/iteration_s"] = time.perf_counter() - start
+        return metrics
+
+    # ---- the update ----------------------------------------------------------------------
+    def advantages(self, batch: TokenBatch) -> tuple[torch.Tensor, ...]:
+        """old log-probs, reference log-probs, old values, advantages, returns; all [B, T]."""
+        trainer, algo = self.cfg.trainer, self.cfg.algorithm
+        processor = self.policy.processor
+        old_logprobs = batched_logprobs(self.model, batch, processor, trainer.micro_batch_size)
+        ref_logprobs = None
+        if self.reference is not None:
+            ref_logprobs = batched_logprobs(self.reference, batch, processor, trainer.micro_batch_size)
+        old_values = None
+        if self.critic is not None:
+            old_values = torch.zeros(batch.input_ids.shape)
+            with torch.no_grad():
+                for rows in _chunks(torch.arange(len(batch)), trainer.micro_batch_size):
+                    values = critic_forward(self.critic, batch.select(rows), processor).cpu()
+                    old_values[rows, : values.shape[1]] = values
+        inputs = AdvantageInputs(
+            token_rewards=batch.token_rewards,
+            response_mask=batch.response_mask,
+            values=old_values,
+            group_index=batch.group_index,
+            turn_ids=batch.turn_ids,
+        )
+        params = AdvantageParams(gamma=algo.gamma, lam=algo.lam, gamma_turn=algo.gamma_turn, lam_turn=algo.lam_turn)
+        advantages, returns = ADVANTAGE_ESTIMATORS.get(algo.advantage)(inputs, params)
+        if algo.whiten_advantages:
+            advantages = masked_whiten(advantages, batch.response_mask)
+        return old_logprobs, ref_logprobs, old_values, advantages, returns
+
+    def update(self, batch: TokenBatch) -> dict[str, float]:
+        trainer = self.cfg.trainer
+        old_logprobs, ref_logprobs, old_values, advantages, returns = self.advantages(batch)
+        stats = UpdateStats.empty()
+        stats.add(
+            "rollout",
+            {
+                "advantage_abs_mean": (advantages.abs() * batch.response_mask).sum()
+                / batch.response_mask.sum().clamp(min=1)
+            },
+        )
+        shuffle = torch.Generator().manual_seed(self.cfg.seed * 7919 + self.iteration)
+        self.model.train()
+        for _ in range(trainer.ppo_epochs):
+            order = torch.randperm(len(batch), generator=shuffle)
+            for mini in _chunks(order, trainer.mini_batch_size):
+                for optimizer in self.optimizers.values():
+                    optimizer.zero_grad(set_to_none=True)
+                for micro in _chunks(mini, trainer.micro_batch_size):
+                    weight = len(micro) / len(mini)
+                    tensors = (old_logprobs, ref_logprobs, old_values, advantages, returns)
+                    mb = batch.select(micro)
+                    self._micro_step(mb, *_rows(tensors, micro, mb.input_ids.shape[1]), weight, stats)
+                self._optimizer_step(stats)
+        self.model.eval()
+        return stats.means()
+
+    def _micro_step(
+        self,
+        mb: TokenBatch,
+        old_logprobs,
+        ref_logprobs,
+        old_values,
+        advantages,
+        returns,
+        weight: float,
+        stats: UpdateStats,
+    ) -> None:
+        algo = self.cfg.algorithm
+        device = next(self.model.parameters()).device
+        mask = mb.response_mask.to(device)
+        norm_length = self.cfg.rollout.max_new_tokens * self.cfg.env.kwargs.get("max_turns", 1)
+        with self._autocast():
+            logprobs, entropy = policy_forward(self.model, mb, self.policy.processor, with_entropy=True)
+        pg_loss, pg_metrics = policy_loss(
+            logprobs,
+            old_logprobs.to(device),
+            advantages.to(device),
+            mask,
+            clip_low=algo.clip_low,
+            clip_high=algo.clip_high,
+            dual_clip_c=algo.dual_clip_c,
+            agg_mode=algo.loss_agg,
+            norm_length=norm_length,
+        )
+        entropy_mean = aggregate_loss(entropy, mask, "token-mean")
+        loss = pg_loss - algo.entropy_coef * aggregate_loss(entropy, mask, algo.loss_agg, norm_length=norm_length)
+        if ref_logprobs is not None:
+            kl = aggregate_loss(kl_penalty(logprobs, ref_logprobs.to(device), algo.kl_kind), mask, "token-mean")
+            loss = loss + algo.kl_coef * kl
+            stats.add("loss", {"kl": kl})
+        (loss * weight).backward()
+        stats.add("loss", {"policy": pg_loss, "total": loss})
+        stats.add("policy", {**pg_metrics, "entropy": entropy_mean})
+        if self.critic is not None:
+            with self._autocast():
+                values = critic_forward(self.critic, mb, self.policy.processor)
+            v_loss, v_metrics = value_loss(
+                values, old_values.to(device), returns.to(device), mask, clip=algo.value_clip, agg_mode="token-mean"
+            )
+            (v_loss * weight).backward()
+            stats.add("loss", {"value": v_loss})
+            stats.add("critic", v_metrics)
+
+    def _optimizer_step(self, stats: UpdateStats) -> None:
+        max_norm = self.cfg.trainer.max_grad_norm
+        for name, optimizer in self.optimizers.items():
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            stats.add("policy" if name == "policy" else "critic", {"grad_norm": norm})
+            optimizer.step()
+
+    def _autocast(self) -> Any:
+        device_type = next(self.model.parameters()).device.type
+        return torch.autocast(device_type, dtype=torch.bfloat16, enabled=bool(self.cfg.trainer.bf16))
+
+    # ---- state for checkpoints -----------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {"iteration": self.iteration, "seed_cursor": self.seed_cursor, "diagnostics": self.diagnostic_state}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.iteration, self.seed_cursor = int(state["iteration"]), int(state["seed_cursor"])
+        self.diagnostic_state = state.get("diagnostics", {})
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What a checkpoint must agree with to be resumed by this config."""
+        cfg = self.cfg
+        return {
+            "model": cfg.model.name,
+            "algorithm": cfg.algorithm.name,
+            "critic": bool(cfg.algorithm.critic),
+            "lora": bool(cfg.trainer.lora.enabled),
+            "env": cfg.env.name,
+        }
+
+    def config_dict(self) -> dict[str, Any]:
+        return OmegaConf.to_container(self.cfg, resolve=True)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.run_dir)
+
+
+def _chunks(indices: torch.Tensor, size: int) -> list[torch.Tensor]:
+    return [indices[i : i + size] for i in range(0, len(indices), size)]
+
+
+def _rows(tensors: tuple[torch.Tensor | None, ...], rows: torch.Tensor, length: int) -> list[torch.Tensor | None]:
+    """Select rows and trim to `length`, the rows' longest dialogue (as TokenBatch.select does)."""
+    return [None if t is None else t[rows, :length] for t in tensors]
