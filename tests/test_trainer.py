@@ -138,3 +138,15 @@ def test_incompatible_checkpoint_is_a_clear_error(tmp_path):
     train(config([*TEXT, "trainer.iterations=1", "trainer.save_every=1"], tmp_path))
     with pytest.raises(ValueError, match="algorithm"):
         train(config([*TEXT, "algorithm=ppo", "trainer.iterations=2"], tmp_path))
+
+
+def test_lora_trains_only_adapters():
+    cfg = config([*TEXT, "trainer.lora.enabled=true", "trainer.lora.target_modules=[q_proj,v_proj]"])
+    trainer = StarPOTrainer(cfg)
+    before = snapshot(trainer.model)
+    # LoRA's B starts at zero, so A only receives gradient from the second step on.
+    for _ in range(2):
+        assert math.isfinite(trainer.train_iteration()["policy/grad_norm"])
+    changed = {name for name, p in trainer.model.named_parameters() if not torch.equal(p, before[name])}
+    adapters = {name for name in before if "lora_" in name}
+    assert adapters and changed == adapters

@@ -3,6 +3,7 @@
 from vagen.engines.api import ApiEngine, ApiGeneration
 from vagen.engines.base import ENGINES, Context, Engine, EngineSource, Generation, SamplingParams, build_engine
 from vagen.engines.hf import HFEngine
+from vagen.engines.vllm_engine import VLLMEngine
 
 __all__ = [
     "ENGINES",
@@ -14,5 +15,6 @@ __all__ = [
     "Generation",
     "HFEngine",
     "SamplingParams",
+    "VLLMEngine",
     "build_engine",
 ]
