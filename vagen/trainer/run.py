@@ -11,7 +11,7 @@ from vagen.logging import MetricsLogger, ProgressBar
 from vagen.rollout import Trajectory
 from vagen.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from vagen.trainer.starpo import StarPOTrainer
-from vagen.viz import play_episode, save_episode_gif
+from vagen.viz.gif import replay_episode, save_episode_gif
 
 
 def resume_point(cfg: DictConfig) -> Path | None:
@@ -31,10 +31,8 @@ def save_sample_gifs(trajectories: list[Trajectory], cfg: DictConfig, folder: Pa
     """Replay sampled episodes (envs are deterministic per seed and responses) and write their GIFs."""
     paths = []
     for index, trajectory in enumerate(trajectories):
-        responses = iter(turn.response_text for turn in trajectory.turns)
         env = make_env(cfg.env.id, **cfg.env.kwargs)
-        replay = lambda env, rng, responses=responses: next(responses)
-        record = play_episode(env, replay, trajectory.seed, max_turns=len(trajectory.turns))
+        record = replay_episode(env, [turn.response_text for turn in trajectory.turns], trajectory.seed)
         paths.append(save_episode_gif(record, folder / f"episode{index}_seed{trajectory.seed}.gif"))
     return paths
 

@@ -24,6 +24,7 @@ from vagen.algos.losses import aggregate_loss, kl_penalty, policy_loss, value_lo
 from vagen.engines import EngineSource, SamplingParams, build_engine
 from vagen.env import make_env
 from vagen.filtering import apply_empty_policy, select_groups
+from vagen.models.lora import add_lora, lora_kwargs
 from vagen.models.registry import load_policy, load_processing
 from vagen.models.value import ValueModel
 from vagen.rollout import (
@@ -36,6 +37,7 @@ from vagen.rollout import (
 )
 from vagen.trainer.config import check_prompt_fits, validate_config
 from vagen.trainer.forward import batched_logprobs, critic_forward, policy_forward
+from vagen.trainer.monitor import DiagnosticsMonitor
 
 SEED_STRIDE = 100_000  # env seeds of run seed s start at s * SEED_STRIDE; evaluation uses seeds >= 1e9
 
@@ -121,7 +123,7 @@ class StarPOTrainer:
         )
         self.model = self.policy.model
         if cfg.trainer.lora.enabled:
-            self._add_lora()
+            add_lora(self.model, **lora_kwargs(cfg.trainer.lora))
         self.formatter = DialogueFormatter(self.policy.tokenizer, self.policy.image_processor)
         self.engine = build_engine(
             cfg.rollout.engine,
@@ -135,21 +137,10 @@ class StarPOTrainer:
         self.optimizers, self.schedulers = self._optimizers()
         self.iteration = 0
         self.seed_cursor = cfg.seed * SEED_STRIDE
-        self.diagnostic_state: dict[str, Any] = {}
+        self.monitor = DiagnosticsMonitor(cfg.diagnostics, cfg.seed)
         self.last_trajectories: list[Trajectory] = []
 
     # ---- construction --------------------------------------------------------------------
-    def _add_lora(self) -> None:
-        from peft import LoraConfig, inject_adapter_in_model
-
-        lora = self.cfg.trainer.lora
-        config = LoraConfig(
-            r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules)
-        )
-        inject_adapter_in_model(config, self.model)
-        for name, parameter in self.model.named_parameters():
-            parameter.requires_grad_("lora_" in name)
-
     def _optimizers(self) -> tuple[dict, dict]:
         trainer = self.cfg.trainer
         warmup = max(trainer.warmup_iterations, 0)
@@ -200,17 +191,20 @@ class StarPOTrainer:
         return collect_rollouts(make, self.engine, self.formatter, spec, self.sampling())
 
     def diagnostics_hook(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        """Diagnostics on the unfiltered batch (MI proxies plug in here)."""
-        return {}
+        """MI proxies on the unfiltered batch, every `diagnostics.compute_freq` iterations."""
+        return self.monitor.mi(self.model, self.policy.processor, self.policy.tokenizer, trajectories, self.iteration)
 
     def filter_hook(self, trajectories: list[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
         """Keep or drop whole groups by reward spread, before any group statistic is computed."""
         trainer, filt = self.cfg.trainer, self.cfg.filter
         rewards = group_returns(trajectories, trainer.groups, trainer.group_size)
-        kept, metrics = select_groups(rewards, strategy=filt.strategy, value=filt.value, stat=filt.stat)
-        kept = apply_empty_policy(kept, trainer.groups, filt.empty_policy)
-        keep = set(kept.tolist())
+        selected, metrics = select_groups(rewards, strategy=filt.strategy, value=filt.value, stat=filt.stat)
+        kept = apply_empty_policy(selected, trainer.groups, filt.empty_policy)
         out = {f"filter/{name}": float(value) for name, value in metrics.items()}
+        # keep_all overrides an empty selection: report what actually enters the update.
+        out["filter/empty_policy_applied"] = float(len(kept) != len(selected))
+        out["filter/kept_count"], out["filter/kept_ratio"] = float(len(kept)), len(kept) / trainer.groups
+        keep = set(kept.tolist())
         return [t for t in trajectories if t.group_id in keep], out
 
     def train_iteration(self) -> dict[str, float]:
@@ -227,12 +221,15 @@ class StarPOTrainer:
         while not kept and self.cfg.filter.empty_policy == "reroll" and rerolls < self.cfg.filter.max_rerolls:
             rerolls += 1
             kept, filter_metrics = self.filter_hook(self.rollout())
+        trainer = self.cfg.trainer
+        group_std = group_returns(trajectories, trainer.groups, trainer.group_size).std(dim=1, unbiased=False)
         metrics["filter/rerolls"] = float(rerolls)
         metrics["filter/skipped_update"] = float(not kept)
         update_start = time.perf_counter()
         if kept:
             batch = trajectories_to_batch(kept, pad_token_id=self.policy.tokenizer.pad_token_id or 0)
             metrics.update(self.update(batch))
+        metrics.update(self.monitor.echo(float(group_std.mean()), metrics))
         for scheduler in self.schedulers.values():
             scheduler.step()
         self.engine.update_weights(self.model.state_dict())
@@ -359,11 +356,11 @@ class StarPOTrainer:
 
     # ---- state for checkpoints -----------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        return {"iteration": self.iteration, "seed_cursor": self.seed_cursor, "diagnostics": self.diagnostic_state}
+        return {"iteration": self.iteration, "seed_cursor": self.seed_cursor, "diagnostics": self.monitor.state_dict()}
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.iteration, self.seed_cursor = int(state["iteration"]), int(state["seed_cursor"])
-        self.diagnostic_state = state.get("diagnostics", {})
+        self.monitor.load_state_dict(state.get("diagnostics", {}))
 
     def fingerprint(self) -> dict[str, Any]:
         """What a checkpoint must agree with to be resumed by this config."""

@@ -121,6 +121,13 @@ def play_episode(
     return record
 
 
+def replay_episode(env: gymnasium.Env, responses: Sequence[str], seed: int) -> EpisodeRecord:
+    """Re-play recorded responses from `env.reset(seed=seed)`: envs are deterministic given the seed
+    and the responses, so this redraws an episode (for GIFs) from its text alone."""
+    remaining = iter(responses)
+    return play_episode(env, lambda env, rng: next(remaining), seed, max_turns=len(responses))
+
+
 def _wrap(text: str, font: ImageFont.FreeTypeFont | ImageFont.ImageFont, width_px: float) -> list[str]:
     """Greedy word wrap by rendered width; explicit newlines start new lines."""
     lines: list[str] = []

@@ -1,0 +1,193 @@
+"""scripts/evaluate.py end to end on CPU: tiny models, built-in policies, a real HTTP API server, resume."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from PIL import Image
+
+from vagen.engines.local_server import LocalChatServer, game_responder, message_images
+from vagen.eval import EVAL_SEED_BASE, eval_seeds, evaluate, rename_overrides, wilson_interval
+from vagen.trainer.starpo import SEED_STRIDE
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+FAST = ["max_new_tokens=6", "gif_episodes=1", "+env_overrides.max_turns=2"]
+
+
+def run(tmp_path: Path, *overrides: str):
+    """Compose configs/evaluate.yaml exactly as the script does (model= / env= renamed) and evaluate."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose("evaluate", overrides=rename_overrides([f"out_dir={tmp_path}", *FAST, *overrides]))
+    return evaluate(cfg, CONFIG_DIR)
+
+
+def rows_by_cell(report):
+    return {(row["model"], row["env"]): row for row in report.rows}
+
+
+def episode_files(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*/*/episodes/*.json"))
+
+
+def test_wilson_interval_matches_worked_values():
+    low, high = wilson_interval(5, 10)
+    assert low == pytest.approx(0.2366, abs=1e-4) and high == pytest.approx(0.7634, abs=1e-4)
+    low, high = wilson_interval(0, 10)
+    assert low == 0.0 and high == pytest.approx(0.2775, abs=1e-4)
+    assert all(math.isnan(x) for x in wilson_interval(0, 0))
+
+
+def test_eval_seeds_are_disjoint_from_training_seeds():
+    seeds = eval_seeds(50, offset=3)
+    assert seeds[0] == EVAL_SEED_BASE + 3 and len(set(seeds)) == 50
+    # a run with seed s trains on s * SEED_STRIDE + i; even run seed 9_999 with 100_000 episodes stays below
+    assert min(seeds) > 9_999 * SEED_STRIDE + 100_000
+
+
+def test_two_envs_tiny_models_and_random_policy(tmp_path):
+    report = run(
+        tmp_path,
+        "model=[tiny_vl_test,tiny_text_test,random]",
+        "env=[sokoban_text,frozenlake_visual]",
+        "episodes=2",
+    )
+    cells = rows_by_cell(report)
+    assert len(cells) == 6
+    skipped = cells[("tiny_text_test", "frozenlake_visual")]
+    assert skipped["episodes"] == 0 and "text-only" in skipped["note"]
+    for key in [k for k in cells if k != ("tiny_text_test", "frozenlake_visual")]:
+        row = cells[key]
+        assert row["episodes"] == 2 and row["errors"] == 0
+        assert 0.0 <= row["success_low"] <= row["success"] <= row["success_high"] <= 1.0
+        assert 1 <= row["turns"] <= 2 and 0.0 <= row["format_ok"] <= 1.0
+        # random tiny models never close a turn within 6 tokens; the policy spends no tokens
+        assert (row["tokens_per_episode"] > 0) if key[0] != "random" else math.isnan(row["tokens_per_episode"])
+    assert cells[("random", "sokoban_text")]["format_ok"] == 1.0
+
+    record = json.loads((tmp_path / "tiny_vl_test/frozenlake_visual/episodes/ep00001_seed1000000001.json").read_text())
+    assert record["seed"] == EVAL_SEED_BASE + 1 and record["turns"] == len(record["actions"]) == len(record["rewards"])
+    roles = [m["role"] for m in record["messages"]]
+    assert roles[0] == "system" and roles[1:] == ["user", "assistant"] * record["turns"]
+    image = Image.open(tmp_path / "tiny_vl_test/frozenlake_visual/episodes" / record["messages"][1]["images"][0])
+    assert image.size == (112, 112)
+    assert record["response_tokens"] == 6 * record["turns"]
+
+    for model, env in [("random", "sokoban_text"), ("tiny_vl_test", "frozenlake_visual")]:
+        gifs = sorted((tmp_path / model / env / "gifs").glob("*.gif"))
+        assert [g.name for g in gifs] == [f"ep00000_seed{EVAL_SEED_BASE}.gif"]  # gif_episodes=1
+        assert (
+            Image.open(gifs[0]).n_frames
+            == json.loads((tmp_path / model / env / f"episodes/ep00000_seed{EVAL_SEED_BASE}.json").read_text())["turns"]
+            + 1
+        )
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert {(r["model"], r["env"]) for r in summary} == set(cells)
+    assert "| random | sokoban_text | 2 |" in (tmp_path / "summary.md").read_text()
+    assert (tmp_path / "summary.csv").read_text().splitlines()[0].startswith("model,env,episodes,errors,success")
+    assert Image.open(tmp_path / "success.png").format == "PNG"
+
+
+def test_resume_skips_finished_episodes(tmp_path):
+    args = ("model=[tiny_vl_test,solver]", "env=[sokoban_visual]")
+    first = run(tmp_path, *args, "episodes=3")
+    files = episode_files(tmp_path)
+    assert len(files) == 6
+    stamps = {f: f.stat().st_mtime_ns for f in files}
+    removed, corrupted = files[0], files[4]
+    removed.unlink()
+    corrupted.write_text('{"format": "vagen.eval.ep')  # a torn write of some other tool
+    second = run(tmp_path, *args, "episodes=4")
+    now = episode_files(tmp_path)
+    assert len(now) == 8 and removed in now
+    untouched = [f for f in files if f not in (removed, corrupted)]
+    assert all(f.stat().st_mtime_ns == stamps[f] for f in untouched)
+    assert json.loads(corrupted.read_text())["index"] == 1  # played again, now complete
+    assert rows_by_cell(second)[("solver", "sokoban_visual")]["episodes"] == 4
+    assert rows_by_cell(first)[("solver", "sokoban_visual")]["episodes"] == 3
+    with pytest.raises(ValueError, match="other settings"):
+        run(tmp_path, *args, "episodes=4", "temperature=0.9")
+
+
+def test_api_engine_over_real_http(tmp_path):
+    actions = ["Left", "Right", "Up", "Down"]
+    with LocalChatServer(game_responder(actions, seed=0), delay_s=0.2) as server:
+        report = run(
+            tmp_path,
+            "engine=api",
+            f"engine.base_url={server.base_url}",
+            "engine.model=local-game",
+            "engine.api_key_env=null",
+            "env=[sokoban_visual]",
+            "episodes=3",
+        )
+    row = rows_by_cell(report)[("local-game", "sokoban_visual")]
+    assert row["episodes"] == 3 and row["errors"] == 0 and row["format_ok"] == 1.0
+    assert row["tokens_per_episode"] > 0  # the server's usage counts
+    bodies = [request.body for request in server.requests]
+    assert len(bodies) == 3 * row["turns"]
+    assert all(body["model"] == "local-game" and body["temperature"] == 0.5 for body in bodies)
+    first_turn = bodies[0]["messages"]
+    assert [m["role"] for m in first_turn] == ["system", "user"] and len(message_images(first_turn[1])) == 1
+    assert server.max_in_flight > 1  # the episodes of a turn are sent concurrently
+    record = json.loads(next((tmp_path / "local-game/sokoban_visual/episodes").glob("ep00000_*.json")).read_text())
+    assert all(set(a) <= set(actions) for a in record["actions"])
+
+
+def test_failing_api_call_is_recorded_not_fatal_and_retried_on_resume(tmp_path):
+    args = ("engine=api", "engine.model=flaky", "engine.api_key_env=null", "engine.max_retries=1")
+    args += ("engine.backoff_s=0", "model=[solver]", "env=[frozenlake_visual]", "episodes=2")
+    with LocalChatServer(game_responder(["Left"]), fail_first=math.inf, fail_status=503) as server:
+        report = run(tmp_path, f"engine.base_url={server.base_url}", *args)
+        cells = rows_by_cell(report)
+        assert cells[("flaky", "frozenlake_visual")]["errors"] == 2
+        assert cells[("flaky", "frozenlake_visual")]["episodes"] == 0
+        assert cells[("solver", "frozenlake_visual")]["success"] == 1.0  # the other row is unharmed
+        record = json.loads(next((tmp_path / "flaky/frozenlake_visual/episodes").glob("ep00000_*.json")).read_text())
+        assert "503" in record["error"] and record["end_reason"] == "error"
+        assert len(server.requests) == 2 * 2  # each episode's first request, retried once
+        server.fail_first = 0  # the server recovers: the re-run plays the failed episodes again
+        again = rows_by_cell(run(tmp_path, f"engine.base_url={server.base_url}", *args))
+    assert again[("flaky", "frozenlake_visual")]["errors"] == 0
+    assert again[("flaky", "frozenlake_visual")]["episodes"] == 2
+
+
+def test_run_folder_and_checkpoint_are_models(tmp_path):
+    from vagen.eval.models import load_local_policy, resolve_models
+    from vagen.trainer.checkpoint import save_checkpoint
+
+    model_cfg = OmegaConf.load(CONFIG_DIR / "model" / "tiny_vl_test.yaml")
+    run_dir = tmp_path / "runs" / "my-run"
+    run_dir.mkdir(parents=True)
+    OmegaConf.save(
+        OmegaConf.create({"model": model_cfg, "trainer": {"lora": {"enabled": False}}}), run_dir / "config.yaml"
+    )
+    spec = resolve_models(["tiny_vl_test"], OmegaConf.create({"name": "hf"}), CONFIG_DIR, {})[0]
+    policy = load_local_policy(spec, "cpu")
+    with torch.no_grad():
+        for parameter in policy.model.parameters():
+            parameter.add_(0.5)  # "trained" weights differ from the freshly built ones
+    save_checkpoint(run_dir, 7, modules={"policy": policy.model}, optimizers={}, schedulers={}, state={})
+    engine_cfg = OmegaConf.create({"name": "hf"})
+    (from_run,) = resolve_models([str(run_dir)], engine_cfg, CONFIG_DIR, {})
+    (from_checkpoint,) = resolve_models([str(run_dir / "checkpoints" / "iter_000007")], engine_cfg, CONFIG_DIR, {})
+    assert from_run.label == from_checkpoint.label == "my-run@iter7"
+    loaded = load_local_policy(from_run, "cpu")
+    for (name, expected), actual in zip(
+        policy.model.state_dict().items(), loaded.model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(expected, actual), name
+
+
+def test_engine_choice_reaches_build_engine(tmp_path):
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("vllm is installed: this test checks the message given without it")
+    with pytest.raises(ImportError, match="vllm"):
+        run(tmp_path, "engine=vllm", "model=[tiny_text_test]", "env=[sokoban_text]", "episodes=1")

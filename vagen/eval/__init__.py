@@ -1,0 +1,31 @@
+"""Benchmarking: models (local, vLLM, API) and built-in policies on environments, with tables, GIFs and plots."""
+
+from vagen.eval.api_rollout import Reply, api_responder, play_chat_episodes, policy_responder
+from vagen.eval.episodes import EpisodeResult, TurnResult, episode_record
+from vagen.eval.models import ModelSpec, resolve_models
+from vagen.eval.runner import EVAL_SEED_BASE, EvalReport, eval_seeds, evaluate, rename_overrides
+from vagen.eval.storage import CellStore
+from vagen.eval.summary import markdown_table, plot_success, summarize_cell, wilson_interval, write_summary
+
+__all__ = [
+    "EVAL_SEED_BASE",
+    "CellStore",
+    "EpisodeResult",
+    "EvalReport",
+    "ModelSpec",
+    "Reply",
+    "TurnResult",
+    "api_responder",
+    "episode_record",
+    "eval_seeds",
+    "evaluate",
+    "markdown_table",
+    "play_chat_episodes",
+    "plot_success",
+    "policy_responder",
+    "rename_overrides",
+    "resolve_models",
+    "summarize_cell",
+    "wilson_interval",
+    "write_summary",
+]

@@ -1,0 +1,198 @@
+"""The benchmark summary: one row per (model, env) from the stored episode records; Markdown, CSV, JSON, a plot.
+
+Definitions (per cell; episodes whose play failed, e.g. an API error, are counted in `errors` and left
+out of every rate, because they say nothing about the model):
+
+- success: fraction of episodes solved, with a 95% Wilson score interval (well-behaved at 0% and 100%
+  and for small n, unlike the normal approximation).
+- reward / turns: mean episode return / mean answered turns.
+- format_ok: well-formed answers over all answered turns (pooled over episodes).
+- invalid_action: answers that were well-formed but named an action the game refused, over well-formed answers.
+- tokens_per_episode: mean sampled (or API completion) tokens per episode; empty for scripted policies.
+- seconds_per_episode: wall time per episode (episodes of a batch run together and share its time).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from vagen.eval.storage import atomic_write_text
+
+Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
+
+COLUMNS = (
+    "model",
+    "env",
+    "episodes",
+    "errors",
+    "success",
+    "success_low",
+    "success_high",
+    "reward",
+    "turns",
+    "format_ok",
+    "invalid_action",
+    "tokens_per_episode",
+    "seconds_per_episode",
+    "wall_time_s",
+    "note",
+)
+
+
+def wilson_interval(successes: int, trials: int, z: float = Z_95) -> tuple[float, float]:
+    """The Wilson score interval for a binomial proportion; (nan, nan) when there are no trials."""
+    if trials == 0:
+        return math.nan, math.nan
+    p = successes / trials
+    denominator = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denominator
+    half_width = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
+    # Rounding can put an end a hair inside p at p = 0 or 1; the interval always contains p.
+    return max(0.0, min(p, centre - half_width)), min(1.0, max(p, centre + half_width))
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else math.nan
+
+
+def summarize_cell(model: str, env: str, records: Sequence[dict[str, Any]], note: str = "") -> dict[str, Any]:
+    """One summary row from the episode records of one (model, env)."""
+    played = [r for r in records if r["error"] is None]
+    n, wins = len(played), sum(bool(r["success"]) for r in played)
+    low, high = wilson_interval(wins, n)
+    turns = sum(r["turns"] for r in played)
+    well_formed = sum(r["format_ok_turns"] for r in played)
+    tokens = [r["response_tokens"] for r in played if r["response_tokens"] is not None]
+    wall = sum(r["wall_time_s"] for r in records)
+    return {
+        "model": model,
+        "env": env,
+        "episodes": n,
+        "errors": len(records) - n,
+        "success": _ratio(wins, n),
+        "success_low": low,
+        "success_high": high,
+        "reward": _ratio(sum(r["reward"] for r in played), n),
+        "turns": _ratio(turns, n),
+        "format_ok": _ratio(well_formed, turns),
+        "invalid_action": _ratio(sum(r["invalid_action_turns"] for r in played), well_formed),
+        "tokens_per_episode": _ratio(sum(tokens), len(tokens)) if tokens else math.nan,
+        "seconds_per_episode": _ratio(wall, len(records)),
+        "wall_time_s": wall,
+        "note": note,
+    }
+
+
+def _fmt(value: Any, percent: bool = False, digits: int = 2) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "–"
+        return f"{100 * value:.1f}%" if percent else f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    """All rows as one Markdown table, then success by model × env."""
+    header = (
+        "| model | env | n | success | 95% CI | reward | turns | format ok | invalid act. | tokens/ep | s/ep | errors |"
+    )
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for row in rows:
+        interval = (
+            "–"
+            if math.isnan(row["success_low"])
+            else f"[{100 * row['success_low']:.1f}, {100 * row['success_high']:.1f}]"
+        )
+        cells = [
+            row["model"],
+            row["env"],
+            str(row["episodes"]),
+            _fmt(row["success"], percent=True),
+            interval,
+            _fmt(row["reward"]),
+            _fmt(row["turns"]),
+            _fmt(row["format_ok"], percent=True),
+            _fmt(row["invalid_action"], percent=True),
+            _fmt(row["tokens_per_episode"], digits=1),
+            _fmt(row["seconds_per_episode"], digits=3),
+            str(row["errors"]) + (f" ({row['note']})" if row["note"] else ""),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    models = list(dict.fromkeys(row["model"] for row in rows))
+    envs = list(dict.fromkeys(row["env"] for row in rows))
+    by_cell = {(row["model"], row["env"]): row for row in rows}
+    pivot = ["| success | " + " | ".join(envs) + " |", "|---|" + "---|" * len(envs)]
+    for model in models:
+        cells = [
+            _fmt(by_cell[(model, env)]["success"], percent=True) if (model, env) in by_cell else "" for env in envs
+        ]
+        pivot.append(f"| {model} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\n" + "\n".join(pivot) + "\n"
+
+
+def write_summary(rows: Sequence[dict[str, Any]], folder: Path, title: str = "Evaluation") -> dict[str, Path]:
+    """Write summary.md, summary.csv and summary.json into `folder`; return their paths by kind."""
+    folder = Path(folder)
+    paths = {kind: folder / f"summary.{kind}" for kind in ("md", "csv", "json")}
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(paths["csv"], buffer.getvalue())
+    json_rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()} for row in rows]
+    atomic_write_text(paths["json"], json.dumps(json_rows, indent=2))
+    atomic_write_text(paths["md"], f"# {title}\n\n{markdown_table(rows)}")
+    return paths
+
+
+def plot_success(rows: Sequence[dict[str, Any]], path: Path, title: str = "Success rate") -> Path:
+    """A grouped bar chart of success by env (groups) and model (bars), 95% Wilson intervals as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display is needed or wanted
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(row["model"] for row in rows))
+    envs = list(dict.fromkeys(row["env"] for row in rows))
+    by_cell = {(row["model"], row["env"]): row for row in rows}
+    width = 0.8 / max(len(models), 1)
+    figure, axes = plt.subplots(figsize=(max(5.0, 1.2 + 0.55 * len(models) * len(envs)), 3.8), dpi=120)
+    for offset, model in enumerate(models):
+        xs, heights, below, above = [], [], [], []
+        for position, env in enumerate(envs):
+            row = by_cell.get((model, env))
+            if row is None or math.isnan(row["success"]):
+                continue
+            xs.append(position - 0.4 + width * (offset + 0.5))
+            heights.append(row["success"])
+            below.append(row["success"] - row["success_low"])
+            above.append(row["success_high"] - row["success"])
+        bars = axes.bar(xs, heights, width * 0.92, yerr=[below, above], capsize=3, label=model)
+        # A 0% bar has no height: a tick in the bar's colour shows where it stands.
+        axes.scatter(
+            xs,
+            heights,
+            marker="_",
+            s=(width * 220) ** 2 / 40,
+            color=bars.patches[0].get_facecolor() if bars.patches else None,
+            zorder=3,
+        )
+        axes.bar_label(bars, labels=[f"{100 * h:.0f}%" for h in heights], fontsize=7, padding=2)
+    axes.set_xticks(range(len(envs)), envs)
+    axes.set_ylim(-0.03, 1.12)  # room below 0 so the 0% ticks show
+    axes.set_ylabel("success rate (95% Wilson CI)")
+    axes.set_title(title, fontsize=10)
+    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    axes.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
+    return path
