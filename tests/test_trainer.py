@@ -150,3 +150,24 @@ def test_lora_trains_only_adapters():
     changed = {name for name, p in trainer.model.named_parameters() if not torch.equal(p, before[name])}
     adapters = {name for name in before if "lora_" in name}
     assert adapters and changed == adapters
+
+
+def test_ctrl_c_mid_run_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    cfg = config([*TEXT, "trainer.iterations=4", "trainer.save_every=1"], tmp_path)
+    original = StarPOTrainer.train_iteration
+
+    def interrupted_on_third(self):
+        if self.iteration == 2:
+            raise KeyboardInterrupt
+        return original(self)
+
+    monkeypatch.setattr(StarPOTrainer, "train_iteration", interrupted_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg)
+    from vagen.trainer.checkpoint import latest_checkpoint
+
+    assert latest_checkpoint(tmp_path / "run").name == "iter_000002"
+    monkeypatch.setattr(StarPOTrainer, "train_iteration", original)
+    train(cfg)  # rerunning the command resumes at iteration 2 and finishes
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]

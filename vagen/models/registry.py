@@ -52,6 +52,20 @@ def _smollm2(path: str | None, size: str | None) -> str:
     return str(build_smollm2())
 
 
+# The test size gets a short recipe (~30 s on CPU): enough to write the response format reliably,
+# so tests exercise real <think> blocks (MI scoring, parsing) without the full warm start.
+QUICK_WARM_START = {"train_episodes": 64, "steps": 100, "batch_size": 8, "lr": 1e-2, "eval_episodes": 8}
+
+
+@MODEL_SOURCES.register("tiny_vl")
+def _tiny_vl(path: str | None, size: str | None) -> str:
+    from vagen.models.warmstart import WarmStartRecipe, build_warm_tiny_vl
+
+    size = size or "default"
+    recipe = WarmStartRecipe() if size == "default" else WarmStartRecipe(size=size, **QUICK_WARM_START)
+    return str(build_warm_tiny_vl(recipe=recipe))
+
+
 @MODEL_SOURCES.register("tiny_vl_random")
 def _tiny_vl_random(path: str | None, size: str | None) -> str:
     from vagen.models.tiny import build_tiny_vl
