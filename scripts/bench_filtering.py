@@ -78,7 +78,7 @@ def main(argv: list[str]) -> None:
         saved = 1 - (rollout_s + median["top_p"]) / step
         print(
             f"update, filter=top_p: {median['top_p']:.2f} s -> update time x{median['top_p'] / median['none']:.2f}, "
-            f"step time (rollout + update) {saved:+.0%} less"
+            f"step time (rollout + update) {saved:.0%} less"
         )
     else:
         print("update, filter=top_p: no group has reward variance in this batch; nothing to train on")
