@@ -20,8 +20,7 @@ from vagen.engines import SamplingParams
 from vagen.env import make_env
 from vagen.eval.runner import eval_seeds
 from vagen.rollout import RolloutSpec, collect_rollouts
-from vagen.trainer.checkpoint import latest_checkpoint, load_checkpoint
-from vagen.trainer.run import train
+from vagen.trainer.run import train, trained
 from vagen.trainer.starpo import StarPOTrainer
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
@@ -74,14 +73,7 @@ def main(argv: list[str]) -> None:
         for seed in seeds:
             cfg = config(algorithm, seed)
             train(cfg)
-            trained = StarPOTrainer(cfg.copy())
-            load_checkpoint(
-                latest_checkpoint(Path(cfg.run_dir)),
-                modules=trained.modules,
-                optimizers=trained.optimizers,
-                schedulers=trained.schedulers,
-            )
-            after = success_rate(trained, episodes)
+            after = success_rate(trained(cfg), episodes)
             rows.append((algorithm, seed, after))
             print(
                 f"{algorithm:9s} seed {seed}: success {before:.3f} -> {after:.3f} ({after - before:+.3f})", flush=True

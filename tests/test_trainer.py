@@ -9,7 +9,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from vagen.trainer import starpo
-from vagen.trainer.run import train
+from vagen.trainer.run import train, trained
 from vagen.trainer.starpo import StarPOTrainer
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -84,27 +84,13 @@ def test_resume_is_exact(tmp_path):
     """4 iterations straight == 2 iterations, a fresh process state, resume, 2 more (within 1e-6)."""
     straight = config([*VISUAL, "algorithm=ppo", "trainer.iterations=4", "trainer.save_every=2"], tmp_path / "a")
     train(straight)
-    reference = StarPOTrainer(straight)
-    from vagen.trainer.checkpoint import latest_checkpoint, load_checkpoint
-
-    load_checkpoint(
-        latest_checkpoint(tmp_path / "a" / "run"),
-        modules=reference.modules,
-        optimizers=reference.optimizers,
-        schedulers=reference.schedulers,
-    )
+    reference = trained(straight)
     first = config([*VISUAL, "algorithm=ppo", "trainer.iterations=2", "trainer.save_every=2"], tmp_path / "b")
     train(first)
     torch.manual_seed(12345)  # disturb global RNG state: resume must restore it
     resumed_cfg = config([*VISUAL, "algorithm=ppo", "trainer.iterations=4", "trainer.save_every=2"], tmp_path / "b")
     train(resumed_cfg)
-    resumed = StarPOTrainer(resumed_cfg)
-    load_checkpoint(
-        latest_checkpoint(tmp_path / "b" / "run"),
-        modules=resumed.modules,
-        optimizers=resumed.optimizers,
-        schedulers=resumed.schedulers,
-    )
+    resumed = trained(resumed_cfg)
     for name, module in reference.modules.items():
         for (key, a), (_, b) in zip(
             module.state_dict().items(), resumed.modules[name].state_dict().items(), strict=True

@@ -27,6 +27,27 @@ def resume_point(cfg: DictConfig) -> Path | None:
     return path
 
 
+def restore_checkpoint(trainer: StarPOTrainer, path: Path) -> StarPOTrainer:
+    """Load a checkpoint into a freshly built trainer (weights, optimizers, RNG, loop and diagnostic state)."""
+    state = load_checkpoint(
+        path,
+        modules=trainer.modules,
+        optimizers=trainer.optimizers,
+        schedulers=trainer.schedulers,
+        fingerprint=trainer.fingerprint(),
+    )
+    trainer.load_state(state)
+    return trainer
+
+
+def trained(cfg: DictConfig) -> StarPOTrainer:
+    """The trainer of `cfg` restored from the last complete checkpoint in its run folder."""
+    path = latest_checkpoint(Path(cfg.run_dir))
+    if path is None:
+        raise ValueError(f"No complete checkpoint in {cfg.run_dir}; train first (scripts/train.py).")
+    return restore_checkpoint(StarPOTrainer(cfg), path)
+
+
 def save_sample_gifs(trajectories: list[Trajectory], cfg: DictConfig, folder: Path) -> list[Path]:
     """Replay sampled episodes (envs are deterministic per seed and responses) and write their GIFs."""
     paths = []
@@ -44,14 +65,7 @@ def train(cfg: DictConfig) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = resume_point(cfg)
     if checkpoint is not None:
-        state = load_checkpoint(
-            checkpoint,
-            modules=trainer.modules,
-            optimizers=trainer.optimizers,
-            schedulers=trainer.schedulers,
-            fingerprint=trainer.fingerprint(),
-        )
-        trainer.load_state(state)
+        restore_checkpoint(trainer, checkpoint)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     total, every = cfg.trainer.iterations, cfg.trainer
     logger = MetricsLogger(
