@@ -31,7 +31,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from vagen.diagnostics.mi import mi_metrics
-from vagen.engines.hf import prompt_position_ids
+from vagen.engines.hf import image_model_inputs, prompt_position_ids
 from vagen.registry import Registry
 from vagen.rollout.trajectory import Trajectory
 
@@ -244,20 +244,6 @@ def _inference(model: torch.nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
-def _image_inputs(model: torch.nn.Module, processor: Any, images: list[Image.Image]) -> dict[str, Tensor]:
-    if not images:
-        return {}
-    image_processor = getattr(processor, "image_processor", processor)
-    if image_processor is None or "pixel_values" not in getattr(image_processor, "model_input_names", ()):
-        raise ValueError("The job has image prompts but no image processor; pass the model's processor.")
-    processed = image_processor(images=images, return_tensors="pt")
-    parameter = next(model.parameters())
-    return {
-        "pixel_values": processed["pixel_values"].to(parameter.device, dtype=parameter.dtype),
-        "image_grid_thw": processed["image_grid_thw"].to(parameter.device),
-    }
-
-
 @dataclass
 class _Prefix:
     """KV cache of V prompt variants with equal ids (x[:-1]), the last prompt token and its positions."""
@@ -274,7 +260,7 @@ def _run_prefix(model, processor, token_ids: list[int], image_sets: list[list[Im
     rows = len(image_sets)
     ids = torch.tensor([token_ids], dtype=torch.long, device=device).expand(rows, -1)
     mask = torch.ones_like(ids)
-    inputs = _image_inputs(model, processor, [image for images in image_sets for image in images])
+    inputs = image_model_inputs(model, processor, [image for images in image_sets for image in images])
     positions, _ = prompt_position_ids(model, ids, mask, inputs.get("image_grid_thw"))
     last = positions[..., -1]
     if ids.shape[1] == 1:
@@ -374,7 +360,7 @@ def naive_cross_scores(model, processor: Any, job: ScoringJob) -> tuple[Tensor, 
     scores = torch.zeros((len(job.reasonings), len(job.prompts)), dtype=torch.float32)
     with _inference(model):
         for column, prompt in enumerate(job.prompts):
-            inputs = _image_inputs(model, processor, prompt.images)
+            inputs = image_model_inputs(model, processor, prompt.images)
             for row, reasoning in enumerate(job.reasonings):
                 ids = torch.tensor([prompt.token_ids + reasoning.prefix_ids], dtype=torch.long, device=device)
                 mask = torch.ones_like(ids)

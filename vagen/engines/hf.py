@@ -27,6 +27,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
+from PIL import Image
 
 from vagen.engines.base import ENGINES, Context, EngineSource, Generation, SamplingParams
 
@@ -117,6 +118,28 @@ def prompt_position_ids(
         input_ids, mm_token_type_ids=mm_token_type_ids, image_grid_thw=image_grid_thw, attention_mask=attention_mask
     )
     return position_ids, rope_delta.view(-1)  # (3, B, L), (B,)
+
+
+def image_model_inputs(model: torch.nn.Module, processor: Any, images: list[Image.Image]) -> dict[str, torch.Tensor]:
+    """`pixel_values` and `image_grid_thw` of `images` (in order) on the model's device and dtype; {} without images.
+
+    One place turns images into vision inputs, so the engine, the trainer's forward and the MI scorer
+    always see the same pixels for the same image.
+    """
+    if not images:
+        return {}
+    image_processor = getattr(processor, "image_processor", processor)
+    if image_processor is None or "pixel_values" not in getattr(image_processor, "model_input_names", ()):
+        raise ValueError(
+            "Inputs carry images but there is no image processor; pass the model's processor "
+            "(e.g. EngineSource(model=..., processor=<the model's processor>))."
+        )
+    processed = image_processor(images=images, return_tensors="pt")
+    parameter = next(model.parameters())
+    return {
+        "pixel_values": processed["pixel_values"].to(parameter.device, dtype=parameter.dtype),
+        "image_grid_thw": processed["image_grid_thw"].to(parameter.device),
+    }
 
 
 def placeholder_token_ids(model: torch.nn.Module) -> list[int]:
@@ -229,17 +252,9 @@ class HFEngine:
             if mrope_index_fn(self.model) is not None and bool((input_ids == self.model.config.image_token_id).any()):
                 raise ValueError("A context holds image pad tokens but no images; pass the images in Context.images.")
             return {}
-        image_processor = getattr(self.processor, "image_processor", self.processor)
-        if "pixel_values" not in getattr(image_processor, "model_input_names", ()):
-            raise ValueError(
-                "Contexts carry images but the engine has no image processor; build it with "
-                "EngineSource(model=..., processor=<the model's AutoProcessor>)."
-            )
-        processed = image_processor(images=images, return_tensors="pt")
-        image_grid_thw = processed["image_grid_thw"].to(self.device)
-        self._check_image_pads(batch, input_ids, image_grid_thw)
-        pixel_values = processed["pixel_values"].to(self.device, dtype=self.model.dtype)
-        return {"pixel_values": pixel_values, "image_grid_thw": image_grid_thw}
+        inputs = image_model_inputs(self.model, self.processor, images)
+        self._check_image_pads(batch, input_ids, inputs["image_grid_thw"])
+        return inputs
 
     def _check_image_pads(self, batch: list[Context], input_ids: torch.Tensor, image_grid_thw: torch.Tensor) -> None:
         """Each context must hold exactly as many image pads as its images have tokens after merging."""

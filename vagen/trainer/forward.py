@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from vagen.algos.losses import entropy_from_logits
-from vagen.engines.hf import prompt_position_ids
+from vagen.engines.hf import image_model_inputs, prompt_position_ids
 from vagen.rollout.batch import TokenBatch
 
 
@@ -30,17 +30,9 @@ def model_inputs(model: torch.nn.Module, batch: TokenBatch, processor: Any | Non
     device = next(model.parameters()).device
     input_ids = batch.input_ids.to(device)
     attention_mask = batch.attention_mask.to(device)
-    images = [image for row in batch.images for image in row]
     inputs: dict[str, torch.Tensor] = {"input_ids": input_ids, "attention_mask": attention_mask}
-    grid = None
-    if images:
-        image_processor = getattr(processor, "image_processor", processor)
-        if image_processor is None:
-            raise ValueError("The batch has images but no image processor was given; pass the model's processor.")
-        processed = image_processor(images=images, return_tensors="pt")
-        grid = processed["image_grid_thw"].to(device)
-        inputs["pixel_values"] = processed["pixel_values"].to(device, dtype=next(model.parameters()).dtype)
-        inputs["image_grid_thw"] = grid
+    inputs.update(image_model_inputs(model, processor, [image for row in batch.images for image in row]))
+    grid = inputs.get("image_grid_thw")
     inputs["position_ids"], _ = prompt_position_ids(model, input_ids, attention_mask, grid)
     return inputs
 
