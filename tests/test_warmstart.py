@@ -10,16 +10,19 @@ from envs_text import sokoban as codes
 from vagen.models.cache import read_stamp
 from vagen.models.tiny import build_tiny_vl, load_tiny_vl
 from vagen.models.warmstart import (
+    DIRECTIONS,
     WarmStartRecipe,
     build_warm_tiny_vl,
     demonstrations,
     held_out_seeds,
     make_sokoban_visual,
     play_demo,
+    pretrain_vision,
     read_report,
     sft_batch,
     sft_loss,
     sokoban_think,
+    tile_direction_labels,
     train_sft,
 )
 from vagen.rollout import DialogueFormatter
@@ -31,6 +34,8 @@ TEST_RECIPE = WarmStartRecipe(
     batch_size=3,
     warmup_steps=1,
     bf16=False,
+    vision_steps=2,
+    vision_batch_size=4,
     eval_episodes=2,
     max_new_tokens=16,
 )
@@ -55,6 +60,30 @@ def test_think_text_names_relative_directions():
     grid[4, 3] = codes.FLOOR
     grid[2, 2] = codes.BOX_ON_TARGET
     assert sokoban_think(grid) == "all boxes are on targets."
+
+
+def test_tile_labels_give_the_think_words_at_the_player_and_box_tiles():
+    grid = np.full((6, 6), codes.WALL, dtype=np.uint8)
+    grid[1:5, 1:5] = codes.FLOOR
+    grid[1, 3], grid[2, 2], grid[4, 3] = codes.PLAYER, codes.BOX, codes.TARGET
+    labels = tile_direction_labels(grid)  # columns: player, box, target as seen from each tile
+    assert labels.shape == (36, 3)
+    assert DIRECTIONS[labels[1 * 6 + 3, 1]] == "down-left"  # "box is down-left of me"
+    assert DIRECTIONS[labels[2 * 6 + 2, 2]] == "down-right"  # "target is down-right of box"
+    assert DIRECTIONS[labels[1 * 6 + 3, 0]] == "here" and DIRECTIONS[labels[0, 0]] == "down-right"
+
+
+def test_vision_pretraining_learns_and_sft_keeps_the_vision_tower_frozen(formatter):
+    model, processor = load_tiny_vl(build_tiny_vl(size="test"))
+    demos = demonstrations(formatter, range(6), noise_eps=0.0)
+    losses = pretrain_vision(model, processor, demos, replace(TEST_RECIPE, vision_steps=30, vision_lr=1e-2))
+    assert len(losses) == 30 and np.mean(losses[-5:]) < losses[0] - 0.2
+    vision_before = [p.detach().clone() for p in model.model.visual.parameters()]
+    text_before = model.lm_head.weight.detach().clone()
+    train_sft(model, processor, demos, replace(TEST_RECIPE, steps=2, vision_lr_scale=0.0))
+    assert all(torch.equal(a, b) for a, b in zip(vision_before, model.model.visual.parameters(), strict=True))
+    assert not torch.equal(text_before, model.lm_head.weight)
+    assert all(p.requires_grad for p in model.parameters())
 
 
 def test_noise_free_demos_succeed_with_one_image_per_turn_and_the_end_token(formatter):

@@ -54,7 +54,15 @@ def _smollm2(path: str | None, size: str | None) -> str:
 
 # The test size gets a short recipe (~30 s on CPU): enough to write the response format reliably,
 # so tests exercise real <think> blocks (MI scoring, parsing) without the full warm start.
-QUICK_WARM_START = {"train_episodes": 64, "steps": 100, "batch_size": 8, "lr": 1e-2, "eval_episodes": 8}
+QUICK_WARM_START = {
+    "train_episodes": 64,
+    "steps": 100,
+    "batch_size": 8,
+    "lr": 1e-2,
+    "vision_steps": 60,
+    "vision_batch_size": 16,
+    "eval_episodes": 8,
+}
 
 
 @MODEL_SOURCES.register("tiny_vl")

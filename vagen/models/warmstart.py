@@ -46,7 +46,7 @@ from vagen.rollout.batch import TokenBatch
 from vagen.trainer.forward import policy_forward
 
 # Bump when anything below changes what a build produces (think text, masking, evaluation), so caches rebuild.
-WARMSTART_VERSION = 1
+WARMSTART_VERSION = 2
 NOISY_TURN_KEY = "demo_noisy"  # set in Turn.info of demo turns whose actions were random (masked out of the loss)
 SOKOBAN_VISUAL = {
     "observation": "image",
@@ -78,6 +78,10 @@ class WarmStartRecipe:
     grad_clip: float = 1.0
     seed: int = 0  # data order, noise and dropout
     bf16: bool = True  # bf16 autocast for the training forward passes (CPU AMX or GPU)
+    vision_steps: int = 400  # image-only pre-training steps of the vision tower (`pretrain_vision`)
+    vision_batch_size: int = 64  # images per vision pre-training step
+    vision_lr: float = 3e-3
+    vision_lr_scale: float = 0.0  # vision tower's SFT learning rate relative to `lr` (0: frozen after pre-training)
     eval_episodes: int = 128  # held-out seeds HELD_OUT_FIRST_SEED.. for the report
     eval_temperature: float = 0.5
     max_new_tokens: int = 48
@@ -89,6 +93,7 @@ class Demo:
 
     trajectory: Trajectory
     noisy_turns: list[bool] = field(default_factory=list)
+    grids: list[np.ndarray] = field(default_factory=list)  # each turn's observed (H, W) tile codes
 
 
 # ---- demonstrations ----------------------------------------------------------------------------
@@ -149,14 +154,14 @@ def play_demo(env, formatter: DialogueFormatter, seed: int, noise_eps: float, rn
     """
     tokenizer = formatter.tokenizer
     end_ids = formatter.close_ids([], "length")[:1]  # the end-of-message token the engine stops on
-    trajectory, noisy = Trajectory(group_id=seed, seed=seed, env_name="sokoban_visual"), []
+    trajectory, noisy, grids = Trajectory(group_id=seed, seed=seed, env_name="sokoban_visual"), [], []
     observation, _ = env.reset(seed=seed)
     prompt = formatter.first_prompt(observation)
     while True:
         choice = _turn_actions(env, rng, noise_eps)
         if choice is None:
             trajectory.end_reason = "unsolvable"
-            return Demo(trajectory, noisy)
+            return Demo(trajectory, noisy, grids)
         actions, is_noise = choice
         text = demo_response(env, actions)
         response_ids = tokenizer(text, add_special_tokens=False)["input_ids"] + end_ids
@@ -164,13 +169,14 @@ def play_demo(env, formatter: DialogueFormatter, seed: int, noise_eps: float, rn
         turn.response_ids, turn.response_text, turn.finish_reason = response_ids, text, "stop"
         turn.response_logprobs = [0.0] * len(response_ids)
         turn.close_ids = formatter.close_ids(response_ids, "stop")
+        grids.append(env.unwrapped.grid().copy())
         observation, turn.reward, terminated, truncated, turn.info = env.step(text)
         trajectory.turns.append(turn)
         noisy.append(is_noise)
         if terminated or truncated:
             trajectory.terminated, trajectory.truncated = terminated, truncated
             trajectory.end_reason = "success" if turn.info["success"] else "max_turns"
-            return Demo(trajectory, noisy)
+            return Demo(trajectory, noisy, grids)
         prompt = formatter.next_prompt(observation)
 
 
@@ -192,6 +198,69 @@ def sft_batch(demos: list[Demo], pad_token_id: int) -> TokenBatch:
             if is_noise:
                 batch.response_mask[row, start:end] = 0.0
     return batch
+
+
+# ---- vision pre-training -----------------------------------------------------------------------
+# The classes of `_direction`, in a fixed order: the labels of the vision probe.
+DIRECTIONS = ("here", "up", "down", "left", "right", "up-left", "up-right", "down-left", "down-right")
+
+
+def tile_direction_labels(grid: np.ndarray) -> np.ndarray:
+    """For every tile (row-major), the `DIRECTIONS` index of the player, the box and the target seen from it.
+
+    grid: (H, W) uint8 tile codes. Returns (H·W, 3) int64. The box is the first unplaced one (the one
+    `sokoban_think` names), or a placed one when all are placed; the target likewise.
+    """
+    from envs_text import sokoban as codes
+
+    player = np.argwhere(np.isin(grid, (codes.PLAYER, codes.PLAYER_ON_TARGET)))[0]
+    boxes = np.argwhere(grid == codes.BOX)
+    boxes = boxes if len(boxes) else np.argwhere(grid == codes.BOX_ON_TARGET)
+    targets = np.argwhere(np.isin(grid, (codes.TARGET, codes.PLAYER_ON_TARGET)))
+    targets = targets if len(targets) else boxes
+    tiles = np.argwhere(np.ones(grid.shape, dtype=bool))  # (H·W, 2) row-major, as the merged image tokens
+    labels = np.zeros((len(tiles), 3), dtype=np.int64)
+    for column, thing in enumerate((player, boxes[0], targets[0])):
+        labels[:, column] = [DIRECTIONS.index(_direction(*(thing - tile))) for tile in tiles]
+    return labels
+
+
+def pretrain_vision(model: torch.nn.Module, processor: Any, demos: list[Demo], recipe: WarmStartRecipe) -> list[float]:
+    """Train the vision tower alone so that each image token knows where the player, box and target are from it.
+
+    Why: trained end to end through the text model, the vision tower gets ~100× smaller gradients
+    than the text layers and the SFT plateaus at guessing the direction words (the image is
+    ignored). Here a throw-away linear probe reads `DIRECTIONS` labels for all three objects off
+    every merged image token (one token is one 28-px tile), a dense signal that the vision tower's
+    2-D rope attention learns in a few hundred cheap image-only steps; SFT then only has to copy
+    the feature from the player's / box's token into the think text. Returns the loss of every step.
+    """
+    images = [image for demo in demos for image in demo.trajectory.images]
+    grids = [grid for demo in demos for grid in demo.grids]
+    assert len(images) == len(grids)
+    visual = model.model.visual
+    probe = torch.nn.Linear(visual.merger.mlp[-1].out_features, 3 * len(DIRECTIONS))
+    parameters = list(visual.parameters()) + list(probe.parameters())
+    optimizer = torch.optim.AdamW(parameters, lr=recipe.vision_lr, weight_decay=recipe.weight_decay)
+    generator, losses = np.random.default_rng(recipe.seed), []
+    # eval mode: the tiny model has no dropout, and transformers' vision attention in train mode is ~25× slower on CPU
+    model.eval()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(recipe.seed)
+        for _ in range(recipe.vision_steps):
+            rows = generator.integers(len(images), size=recipe.vision_batch_size)
+            processed = processor.image_processor(images=[images[i] for i in rows], return_tensors="pt")
+            tokens = visual(processed["pixel_values"], grid_thw=processed["image_grid_thw"]).pooler_output  # (n, D)
+            labels = torch.as_tensor(np.concatenate([tile_direction_labels(grids[i]) for i in rows]))  # (n, 3)
+            assert tokens.shape[0] == labels.shape[0], "one merged image token per tile"
+            logits = probe(tokens).view(-1, len(DIRECTIONS))
+            loss = torch.nn.functional.cross_entropy(logits, labels.view(-1))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(parameters, recipe.grad_clip)
+            optimizer.step()
+            losses.append(float(loss.detach()))
+    return losses
 
 
 # ---- supervised fine-tuning --------------------------------------------------------------------
@@ -216,6 +285,23 @@ def _autocast(enabled: bool, device: torch.device):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
+def sft_parameter_groups(model: torch.nn.Module, recipe: WarmStartRecipe) -> list[dict[str, Any]]:
+    """AdamW groups: the text model at `lr`, the vision tower at `vision_lr_scale·lr` (left out when 0).
+
+    After `pretrain_vision` the image tokens already carry the directions; a frozen vision tower
+    keeps them while the text model learns to read them (and skips the vision backward pass).
+    """
+    vision = [p for name, p in model.named_parameters() if name.startswith("model.visual.")]
+    text = [p for name, p in model.named_parameters() if not name.startswith("model.visual.")]
+    groups = [{"params": text, "lr": recipe.lr}]
+    if recipe.vision_lr_scale > 0:
+        groups.append({"params": vision, "lr": recipe.lr * recipe.vision_lr_scale})
+    else:
+        for parameter in vision:
+            parameter.requires_grad_(False)
+    return groups
+
+
 def train_sft(
     model: torch.nn.Module,
     processor: Any,
@@ -230,7 +316,7 @@ def train_sft(
     if not demos:
         raise ValueError("No demonstrations to train on; raise train_episodes.")
     generator = np.random.default_rng(recipe.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
+    optimizer = torch.optim.AdamW(sft_parameter_groups(model, recipe), lr=recipe.lr, weight_decay=recipe.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, recipe.steps, recipe.warmup_steps, recipe.lr_floor)
     )
@@ -255,6 +341,8 @@ def train_sft(
             losses.append(float(loss.detach()))
             if on_step is not None:
                 on_step(len(losses), losses[-1])
+    for parameter in model.parameters():
+        parameter.requires_grad_(True)  # a frozen vision tower is frozen for this SFT only
     return losses
 
 
@@ -330,8 +418,10 @@ def warm_start(
     formatter = DialogueFormatter(processor.tokenizer, processor.image_processor)
     demos = demonstrations(formatter, range(recipe.train_episodes), recipe.noise_eps, recipe.seed)
     demo_seconds = time.perf_counter() - started
+    vision_losses = pretrain_vision(model, processor, demos, recipe) if recipe.vision_steps else []
+    vision_seconds = time.perf_counter() - started - demo_seconds
     losses = train_sft(model, processor, demos, recipe, on_step)
-    train_seconds = time.perf_counter() - started - demo_seconds
+    train_seconds = time.perf_counter() - started - demo_seconds - vision_seconds
     model.eval()
     model.save_pretrained(folder)
     save_processor(processor, folder)
@@ -343,8 +433,9 @@ def warm_start(
             "noisy_turns": sum(n.count(True) for n in (d.noisy_turns for d in demos)),
             "success": float(np.mean([d.trajectory.success for d in demos])),
         },
+        "vision_loss": _loss_summary(vision_losses) if vision_losses else None,
         "train_loss": _loss_summary(losses),
-        "seconds": {"demos": demo_seconds, "train": train_seconds},
+        "seconds": {"demos": demo_seconds, "vision": vision_seconds, "train": train_seconds},
     }
     report["eval"] = evaluate_all(model, processor, recipe)
     report["seconds"]["total"] = time.perf_counter() - started
