@@ -16,6 +16,10 @@ Why relative directions in the think text: the model has no absolute position em
 and the vision tower's 2-D rope are relative), so "box is up-left of me" is a thing its attention
 can compute from the image, whereas "(row 2, col 3)" is not.
 
+Why the vision tower is pre-trained first (`pretrain_vision`) and then frozen: trained end to end,
+it gets ~100× smaller gradients than the text layers, and the model learns the format but ignores
+the image (version 1 of this recipe played no better than random).
+
 The result is cached with `build_once`, keyed by the recipe and the base model's stamp; a
 `report.json` in the folder records the held-out success rates and the training curve.
 """
