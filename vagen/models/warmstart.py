@@ -113,16 +113,22 @@ def _direction(delta_row: int, delta_col: int) -> str:
     return "-".join(part for part in (vertical, horizontal) if part) or "here"
 
 
-def sokoban_think(grid: np.ndarray) -> str:
-    """Where the (first unplaced) box is from the player and where its target is from the box.
-
-    grid: (H, W) uint8 Sokoban tile codes (`envs_text.sokoban`). Relative words only (see module doc).
-    """
+def _sokoban_objects(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(row, col) of the player, of the unplaced boxes (n, 2) and of the free targets (m, 2), row-major."""
     from envs_text import sokoban as codes  # an env package; imported lazily so vagen never needs it at import
 
     player = np.argwhere(np.isin(grid, (codes.PLAYER, codes.PLAYER_ON_TARGET)))[0]
     boxes = np.argwhere(grid == codes.BOX)
     targets = np.argwhere(np.isin(grid, (codes.TARGET, codes.PLAYER_ON_TARGET)))
+    return player, boxes, targets
+
+
+def sokoban_think(grid: np.ndarray) -> str:
+    """Where the (first unplaced) box is from the player and where its target is from the box.
+
+    grid: (H, W) uint8 Sokoban tile codes (`envs_text.sokoban`). Relative words only (see module doc).
+    """
+    player, boxes, targets = _sokoban_objects(grid)
     if not len(boxes) or not len(targets):
         return "all boxes are on targets."
     box, target = boxes[0], targets[0]
@@ -217,10 +223,8 @@ def tile_direction_labels(grid: np.ndarray) -> np.ndarray:
     """
     from envs_text import sokoban as codes
 
-    player = np.argwhere(np.isin(grid, (codes.PLAYER, codes.PLAYER_ON_TARGET)))[0]
-    boxes = np.argwhere(grid == codes.BOX)
+    player, boxes, targets = _sokoban_objects(grid)
     boxes = boxes if len(boxes) else np.argwhere(grid == codes.BOX_ON_TARGET)
-    targets = np.argwhere(np.isin(grid, (codes.TARGET, codes.PLAYER_ON_TARGET)))
     targets = targets if len(targets) else boxes
     tiles = np.argwhere(np.ones(grid.shape, dtype=bool))  # (H·W, 2) row-major, as the merged image tokens
     labels = np.zeros((len(tiles), 3), dtype=np.int64)
