@@ -1,91 +1,134 @@
-"""Learning evidence: success before and after StarPO training, over several seeds, per algorithm.
+"""Learning evidence: held-out success before and after StarPO training, per algorithm and training seed.
 
-    python scripts/bench_learning.py [algorithms=grpo,starpo_s] [seeds=0,1,2] [eval_episodes=64] [hydra overrides...]
+    python scripts/bench_learning.py [algorithms=grpo,starpo_s] [seeds=0,1,2] [eval_episodes=256] [jobs=1]
+                                     [out=outputs/bench_learning] [hydra overrides for scripts/train.py ...]
 
-Each (algorithm, seed) trains from the same starting model in its own run folder under
-outputs/bench_learning/, then plays `eval_episodes` held-out episodes (evaluation seeds 1e9 + k,
-disjoint from training seeds) at temperature 0.5, as does the untrained model once. Prints a table
-and the mean ± std of the change over seeds.
+Each (algorithm, seed) is one `scripts/train.py` run in `out/<algorithm>-seed<seed>` with the trainer's
+own held-out validation (`trainer.eval_every`, fixed evaluation seeds 1e9 + k that no run trains on,
+temperature `trainer.eval_temperature`): "before" is its validation at iteration 0, "after" its last.
+`jobs` runs that many trainings side by side, each on `cpu_threads / jobs` torch threads. Prints a
+before/after table with 95% Wilson intervals, writes it to `out/summary.md`, and draws every run's
+held-out curve into `out/val_curves.png`.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
+import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
+from vagen.logging import read_metrics
+from vagen.rollout.validation import wilson_interval
+from vagen.viz.plots import draw_held_out, new_figure, save_figure
 
-from vagen.engines import SamplingParams
-from vagen.env import make_env
-from vagen.eval.runner import eval_seeds
-from vagen.rollout import RolloutSpec, collect_rollouts
-from vagen.trainer.run import train, trained
-from vagen.trainer.starpo import StarPOTrainer
-
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
-
-
-def success_rate(trainer: StarPOTrainer, episodes: int, temperature: float = 0.5) -> float:
-    """Held-out success of the trainer's current policy (one rollout per evaluation seed)."""
-    env_cfg = trainer.cfg.env
-    spec = RolloutSpec(
-        group_seeds=eval_seeds(episodes),
-        group_size=1,
-        max_context_tokens=trainer.cfg.rollout.max_context_tokens,
-        env_name=env_cfg.name,
-    )
-    sampling = SamplingParams(max_new_tokens=trainer.cfg.rollout.max_new_tokens, temperature=temperature, seed=1234)
-    trajectories = collect_rollouts(
-        lambda: make_env(env_cfg.id, **env_cfg.kwargs), trainer.engine, trainer.formatter, spec, sampling
-    )
-    return sum(t.success for t in trajectories) / len(trajectories)
+ROOT = Path(__file__).resolve().parent.parent
+COLOURS = ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown")
 
 
 def option(argv: list[str], name: str, default: str) -> str:
     return next((a.split("=", 1)[1] for a in argv if a.startswith(f"{name}=")), default)
 
 
+def train_run(algorithm: str, seed: int, run_dir: Path, episodes: int, threads: int, overrides: list[str]) -> Path:
+    """One training run in a subprocess (its own torch threads), logging to run_dir/train.out."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "train.py"),
+        f"algorithm={algorithm}",
+        f"seed={seed}",
+        f"trainer.eval_episodes={episodes}",
+        "trainer.resume=never",
+        "logger.wandb_mode=disabled",
+        "logger.progress=false",
+        f"run_dir={run_dir}",
+        *overrides,
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    with open(run_dir / "train.out", "w") as log:
+        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, check=True, cwd=ROOT)
+    return run_dir
+
+
+def validations(run_dir: Path) -> list[dict]:
+    records = [r for r in read_metrics(run_dir) if "val/success" in r]
+    if len(records) < 2:
+        raise ValueError(f"{run_dir} has fewer than two validations; set trainer.eval_every > 0.")
+    return records
+
+
+def cell(record: dict) -> str:
+    successes = round(record["val/success"] * record["val/episodes"])
+    low, high = wilson_interval(successes, int(record["val/episodes"]))
+    return f"{record['val/success']:.1%} [{low:.1%}, {high:.1%}]"
+
+
+def training_minutes(run_dir: Path) -> float:
+    """Minutes spent in training iterations (rollout + update + MI), validation excluded."""
+    return sum(r.get("perf/iteration_s", 0.0) for r in read_metrics(run_dir)) / 60
+
+
+def summary(runs: dict[tuple[str, int], Path]) -> str:
+    lines = [
+        "| algorithm | seed | held-out before | held-out after | change | training minutes |",
+        "|---|---|---|---|---|---|",
+    ]
+    gains: dict[str, list[float]] = {}
+    for (algorithm, seed), run_dir in runs.items():
+        first, last = validations(run_dir)[0], validations(run_dir)[-1]
+        gain = last["val/success"] - first["val/success"]
+        gains.setdefault(algorithm, []).append(gain)
+        lines.append(
+            f"| {algorithm} | {seed} | {cell(first)} | {cell(last)} | {gain * 100:+.1f} pts | "
+            f"{training_minutes(run_dir):.1f} |"
+        )
+    lines += ["", "| algorithm | seeds | mean change | std over seeds | every seed positive |", "|---|---|---|---|---|"]
+    for algorithm, values in gains.items():
+        spread = statistics.stdev(values) if len(values) > 1 else 0.0
+        lines.append(
+            f"| {algorithm} | {len(values)} | {statistics.mean(values) * 100:+.1f} pts | {spread * 100:.1f} pts | "
+            f"{'yes' if all(v > 0 for v in values) else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
+def plot_curves(runs: dict[tuple[str, int], Path], path: Path) -> Path:
+    figure = new_figure(9, 5)
+    ax = figure.subplots()
+    algorithms = sorted({algorithm for algorithm, _ in runs})
+    for (algorithm, seed), run_dir in runs.items():
+        colour = COLOURS[algorithms.index(algorithm) % len(COLOURS)]
+        draw_held_out(ax, validations(run_dir), label=f"{algorithm} seed {seed}", colour=colour)
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("held-out success (95% CI band)")
+    ax.legend(fontsize=8, ncols=2)
+    ax.set_title("Held-out success during training", loc="left")
+    return save_figure(figure, path)
+
+
 def main(argv: list[str]) -> None:
     algorithms = option(argv, "algorithms", "grpo,starpo_s").split(",")
     seeds = [int(s) for s in option(argv, "seeds", "0,1,2").split(",")]
-    episodes = int(option(argv, "eval_episodes", "64"))
-    overrides = [a for a in argv if a.split("=", 1)[0] not in ("algorithms", "seeds", "eval_episodes")]
-
-    def config(algorithm: str, seed: int):
-        with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-            return compose(
-                "train",
-                overrides=[
-                    f"algorithm={algorithm}",
-                    f"seed={seed}",
-                    "logger.wandb_mode=disabled",
-                    "trainer.resume=never",
-                    f"run_dir=outputs/bench_learning/{algorithm}-seed{seed}",
-                    *overrides,
-                ],
-            )
-
-    before = success_rate(StarPOTrainer(config(algorithms[0], seeds[0])), episodes)
-    print(f"untrained policy: success {before:.3f} on {episodes} held-out episodes", flush=True)
-    rows = []
-    for algorithm in algorithms:
-        for seed in seeds:
-            cfg = config(algorithm, seed)
-            train(cfg)
-            after = success_rate(trained(cfg), episodes)
-            rows.append((algorithm, seed, after))
-            print(
-                f"{algorithm:9s} seed {seed}: success {before:.3f} -> {after:.3f} ({after - before:+.3f})", flush=True
-            )
-    print("\n| algorithm | seeds | success before | success after (mean ± std) | change |\n|---|---|---|---|---|")
-    for algorithm in algorithms:
-        afters = [after for name, _, after in rows if name == algorithm]
-        spread = statistics.stdev(afters) if len(afters) > 1 else 0.0
-        print(
-            f"| {algorithm} | {len(afters)} | {before:.3f} | {statistics.mean(afters):.3f} ± {spread:.3f} | "
-            f"{statistics.mean(afters) - before:+.3f} |"
-        )
+    episodes = int(option(argv, "eval_episodes", "256"))
+    jobs = int(option(argv, "jobs", "1"))
+    out = Path(option(argv, "out", "outputs/bench_learning")).resolve()
+    overrides = [a for a in argv if a.split("=", 1)[0] not in ("algorithms", "seeds", "eval_episodes", "jobs", "out")]
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    keys = [(algorithm, seed) for algorithm in algorithms for seed in seeds]
+    with ThreadPoolExecutor(jobs) as pool:
+        futures = {
+            key: pool.submit(train_run, key[0], key[1], out / f"{key[0]}-seed{key[1]}", episodes, threads, overrides)
+            for key in keys
+        }
+        runs = {key: future.result() for key, future in futures.items()}
+    table = summary(runs)
+    (out / "summary.md").write_text(table + "\n")
+    print(table)
+    print(f"\nval curves: {plot_curves(runs, out / 'val_curves.png')}")
 
 
 if __name__ == "__main__":

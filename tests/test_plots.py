@@ -62,6 +62,10 @@ def synthetic_records(iterations: int = 60, seed: int = 0) -> list[dict]:
             record["policy/grad_norm"] = math.nan  # a non-finite row must be dropped, not crash the plot
         if step % MI_EVERY == 0 or step == iterations - 1:
             record.update(_mi_row(step, rng))
+        if step % 10 == 0 or step == iterations - 1:  # held-out validation, as the trainer logs it
+            held_out = float(np.clip(success + 0.05, 0, 1))
+            record.update({"val/success": held_out, "val/success_ci_low": max(0.0, held_out - 0.06),
+                           "val/success_ci_high": min(1.0, held_out + 0.06), "val/episodes": 256.0})  # fmt: skip
         records.append(record)
     return records
 
@@ -133,10 +137,13 @@ def test_spread_ratio_key_follows_the_spread_statistic():
 
 def test_training_figure_has_one_titled_panel_per_metric_group(records):
     figure = plot_training(records, run_name="demo")
-    assert _titles(figure) == ["Task success", "Episode reward", "Well-formed responses (<think>/<answer>)",
-                               "Response length"]  # fmt: skip
+    assert _titles(figure) == ["Held-out success (fixed evaluation seeds)", "Task success", "Episode reward",
+                               "Well-formed responses (<think>/<answer>)", "Response length"]  # fmt: skip
     assert "demo" in figure.get_suptitle()
-    success_axes = figure.axes[0]
+    held_out_axes = figure.axes[0]
+    assert next(line.get_label() for line in held_out_axes.get_lines()).startswith("held-out success (256 episodes")
+    assert len(held_out_axes.collections) == 1  # the 95% interval band
+    success_axes = figure.axes[1]
     assert success_axes.get_ylabel() == "episodes solved (%)"
     assert any("avg" in line.get_label() for line in success_axes.get_lines())  # the moving average is drawn
 
@@ -190,13 +197,16 @@ def test_regime_thresholds_fall_back_to_documented_defaults_when_not_logged(reco
 
 
 def test_missing_metrics_skip_panels_with_a_note_instead_of_crashing(records):
-    without_mi = [{k: v for k, v in r.items() if not k.startswith(("mi/", "echo/", "env/reward"))} for r in records]
+    without_mi = [
+        {k: v for k, v in r.items() if not k.startswith(("mi/", "echo/", "env/reward", "val/"))} for r in records
+    ]
     skipped: list[str] = []
     training = plot_training(without_mi, skipped=skipped)
     diagnostics = plot_diagnostics(without_mi, skipped=skipped)
     assert plot_regimes(without_mi, skipped=skipped) is None
     assert len(_titles(training)) == 3 and len(_titles(diagnostics)) == 2
     assert any("'reward' skipped" in note for note in skipped)
+    assert any("'held-out success' skipped" in note for note in skipped)
     assert any("'MI estimate' skipped" in note for note in skipped)
     assert any(note.startswith("regimes: figure skipped") for note in skipped)
     only_step = [{"step": 0, "time": 0.0}]

@@ -22,6 +22,7 @@ FAST = [
     "logger.wandb_mode=disabled",
     "logger.progress=false",
     "trainer.viz_every=0",
+    "trainer.eval_every=0",
 ]
 TEXT = ["env=bandit_text", "model=tiny_text_test", *FAST]
 VISUAL = ["env=sokoban_visual", "model=tiny_vl_test", "env.kwargs.max_turns=2", *FAST]
@@ -157,3 +158,29 @@ def test_ctrl_c_mid_run_keeps_the_last_checkpoint(tmp_path, monkeypatch):
     train(cfg)  # rerunning the command resumes at iteration 2 and finishes
     steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+def test_gradient_accumulation_equals_the_whole_mini_batch(agg, monkeypatch):
+    """Micro-batches of 3 (uneven lengths, a ragged last one) give the gradients of one batch of 8 (1e-5)."""
+    grads = []
+
+    def record_gradients(self, stats):
+        grads.append(
+            {f"{name}.{p}": q.grad.clone() for name, m in self.modules.items() for p, q in m.named_parameters()}
+        )
+
+    monkeypatch.setattr(StarPOTrainer, "_optimizer_step", record_gradients)
+    common = [*TEXT, "algorithm=ppo", f"algorithm.loss_agg={agg}", "trainer.groups=2", "trainer.group_size=4"]
+    whole = StarPOTrainer(config([*common, "trainer.mini_batch_size=8", "trainer.micro_batch_size=8"]))
+    parts = StarPOTrainer(config([*common, "trainer.mini_batch_size=8", "trainer.micro_batch_size=3"]))
+    batch = starpo.trajectories_to_batch(whole.rollout(), pad_token_id=whole.policy.tokenizer.pad_token_id or 0)
+    for row in range(len(batch)):  # the random test model always writes max_new_tokens: vary the lengths
+        sampled = batch.response_mask[row].nonzero().flatten()
+        batch.response_mask[row, sampled[:row]] = 0.0
+    assert len(set(batch.response_mask.sum(dim=1).tolist())) == len(batch)
+    whole.update(batch)
+    parts.update(batch)
+    assert grads[0].keys() == grads[1].keys()
+    for name, expected in grads[0].items():
+        assert torch.allclose(grads[1][name], expected, atol=1e-5, rtol=1e-4), name

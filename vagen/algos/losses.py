@@ -19,6 +19,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
     "aggregate_loss",
+    "aggregation_share",
     "entropy_from_logits",
     "explained_variance",
     "kl_penalty",
@@ -86,6 +87,21 @@ def aggregate_loss(
         raise ValueError(f"norm_length={norm_length} must be > 0 (it divides the loss); pass e.g. max response length.")
     mask = mask.to(loss_mat.dtype)
     return LOSS_AGGREGATIONS.get(mode)(loss_mat, mask, norm_length)
+
+
+def aggregation_share(part_mask: torch.Tensor, whole_mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """The weight w of a micro-batch under gradient accumulation: Σ_parts w·aggregate(part) = aggregate(whole).
+
+    part_mask: [b, T] rows of whole_mask [B, T]. token-mean divides by the whole's sampled tokens, so a
+    part weighs its share of tokens; the seq-mean modes divide by the whole's non-empty sequences, so a
+    part weighs its share of those (a share of rows would over-weight the tokens of short micro-batches).
+    Scalar tensor.
+    """
+    LOSS_AGGREGATIONS.get(mode)  # an unknown mode raises, listing the valid ones
+    if mode == "token-mean":
+        return part_mask.float().sum() / whole_mask.float().sum().clamp(min=1.0)
+    non_empty = lambda mask: (mask.float().sum(dim=1) > 0).float().sum()
+    return non_empty(part_mask) / non_empty(whole_mask).clamp(min=1.0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,9 +3,10 @@
 from vagen.eval.api_rollout import Reply, api_responder, play_chat_episodes, policy_responder
 from vagen.eval.episodes import EpisodeResult, TurnResult, episode_record
 from vagen.eval.models import ModelSpec, resolve_models
-from vagen.eval.runner import EVAL_SEED_BASE, EvalReport, eval_seeds, evaluate, rename_overrides
+from vagen.eval.runner import EvalReport, evaluate, rename_overrides
 from vagen.eval.storage import CellStore
-from vagen.eval.summary import markdown_table, plot_success, summarize_cell, wilson_interval, write_summary
+from vagen.eval.summary import markdown_table, plot_success, summarize_cell, write_summary
+from vagen.rollout.validation import EVAL_SEED_BASE, eval_seeds, wilson_interval
 
 __all__ = [
     "EVAL_SEED_BASE",

@@ -5,11 +5,8 @@ every option). Per cell it plays only the episodes not already on disk (resume),
 `episodes_per_batch`, each batch written as soon as it is done; then the first `gif_episodes`
 episodes become GIFs and the rows become summary.{md,csv,json} and success.png in `out_dir`.
 
-Evaluation seeds
-----------------
-Episode k of every env is `env.reset(seed=EVAL_SEED_BASE + seed_offset + k)`. Training draws env
-seeds from `seed * 100_000` upward (`vagen.trainer.starpo.SEED_STRIDE`), far below 1e9 for any run
-seed under 10_000, so evaluation episodes are never training episodes, and all models meet the same levels.
+Episode k of every env is `env.reset(seed=EVAL_SEED_BASE + seed_offset + k)`, the seeds of
+`vagen.rollout.validation` (disjoint from training seeds), shared with the trainer's validation.
 """
 
 from __future__ import annotations
@@ -34,20 +31,12 @@ from vagen.eval.storage import CellStore
 from vagen.eval.summary import markdown_table, plot_success, summarize_cell, write_summary
 from vagen.rollout import DialogueFormatter, RolloutSpec, collect_rollouts
 from vagen.rollout.context import DEFAULT_SYSTEM_PROMPT
+from vagen.rollout.validation import eval_seeds
 from vagen.viz.gif import replay_episode, save_episode_gif
 
 logger = logging.getLogger(__name__)
 
-EVAL_SEED_BASE = 1_000_000_000
-"""Evaluation env seeds start here; training seeds stay below it (see the module docstring)."""
 _RENAMED_OVERRIDES = {"model": "models", "env": "envs"}
-
-
-def eval_seeds(episodes: int, offset: int = 0) -> list[int]:
-    """The env seeds of episodes 0..episodes-1: `EVAL_SEED_BASE + offset + k`."""
-    if episodes < 1 or offset < 0:
-        raise ValueError(f"episodes must be >= 1 and seed_offset >= 0, got {episodes} and {offset}.")
-    return [EVAL_SEED_BASE + offset + k for k in range(episodes)]
 
 
 def rename_overrides(overrides: Sequence[str]) -> list[str]:

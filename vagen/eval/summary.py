@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from vagen.eval.storage import atomic_write_text
-
-Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
+from vagen.rollout.validation import wilson_interval
 
 COLUMNS = (
     "model",
@@ -43,18 +42,6 @@ COLUMNS = (
     "wall_time_s",
     "note",
 )
-
-
-def wilson_interval(successes: int, trials: int, z: float = Z_95) -> tuple[float, float]:
-    """The Wilson score interval for a binomial proportion; (nan, nan) when there are no trials."""
-    if trials == 0:
-        return math.nan, math.nan
-    p = successes / trials
-    denominator = 1 + z * z / trials
-    centre = (p + z * z / (2 * trials)) / denominator
-    half_width = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
-    # Rounding can put an end a hair inside p at p = 0 or 1; the interval always contains p.
-    return max(0.0, min(p, centre - half_width)), min(1.0, max(p, centre + half_width))
 
 
 def _ratio(numerator: float, denominator: float) -> float:

@@ -52,6 +52,11 @@ def validate_config(cfg: Any) -> None:
             f"trainer.micro_batch_size={trainer.micro_batch_size} exceeds trainer.mini_batch_size="
             f"{trainer.mini_batch_size}; make it a divisor of the mini-batch."
         )
+    if trainer.eval_every < 0 or trainer.eval_episodes < 1 or trainer.eval_temperature < 0:
+        raise ValueError(
+            "trainer.eval_every must be >= 0 (0 = no validation), trainer.eval_episodes >= 1 and "
+            "trainer.eval_temperature >= 0."
+        )
     if rollout.max_new_tokens >= rollout.max_context_tokens:
         raise ValueError("rollout.max_new_tokens must be smaller than rollout.max_context_tokens.")
     observation = cfg.env.kwargs.get("observation", "text")

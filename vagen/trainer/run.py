@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -58,6 +59,29 @@ def save_sample_gifs(trajectories: list[Trajectory], cfg: DictConfig, folder: Pa
     return paths
 
 
+def held_out_line(first: dict[str, float], last: dict[str, float]) -> str:
+    """`held-out success 44.9% -> 61.3% (256 episodes)`, from two `val/` metric dicts."""
+    return (
+        f"held-out success {first['val/success']:.1%} -> {last['val/success']:.1%} "
+        f"({last['val/episodes']:.0f} episodes)"
+    )
+
+
+def _validation_line(iteration: int, val: dict[str, float]) -> str:
+    return (
+        f"iteration {iteration}: held-out success {val['val/success']:.1%} "
+        f"[{val['val/success_ci_low']:.1%}, {val['val/success_ci_high']:.1%}], "
+        f"format-ok {val['val/format_ok']:.1%}, turns {val['val/turns']:.2f} ({val['val/episodes']:.0f} episodes)"
+    )
+
+
+def _timed_validation(trainer: StarPOTrainer) -> dict[str, float]:
+    start = time.perf_counter()
+    val = trainer.validate()
+    val["perf/val_s"] = time.perf_counter() - start
+    return val
+
+
 def train(cfg: DictConfig) -> Path:
     """Run `cfg.trainer.iterations` iterations in `cfg.run_dir` (continuing a checkpoint if asked)."""
     trainer = StarPOTrainer(cfg)
@@ -81,9 +105,19 @@ def train(cfg: DictConfig) -> Path:
     progress = ProgressBar(total, initial=trainer.iteration, disable=not cfg.logger.progress)
     if checkpoint is not None:
         progress.write(f"Resumed from {checkpoint} at iteration {trainer.iteration}.")
+    validating, final_val = bool(every.eval_every), None
     try:
+        if validating and trainer.iteration == 0 and trainer.iteration < total:
+            trainer.initial_val = _timed_validation(trainer)
+            logger.log(trainer.initial_val, step=0)
+            progress.write(_validation_line(0, trainer.initial_val))
         while trainer.iteration < total:
             metrics = trainer.train_iteration()
+            if validating and (trainer.iteration % every.eval_every == 0 or trainer.iteration == total):
+                val = _timed_validation(trainer)
+                metrics.update(val)
+                progress.write(_validation_line(trainer.iteration, val))
+                final_val = val
             logger.log(metrics, step=trainer.iteration)
             progress.update(metrics)
             if trainer.iteration % every.save_every == 0 or trainer.iteration == total:
@@ -107,4 +141,6 @@ def train(cfg: DictConfig) -> Path:
     finally:
         progress.close()
         logger.close()
+    if final_val is not None and trainer.initial_val:
+        print(held_out_line(trainer.initial_val, final_val), flush=True)  # the line that says whether RL worked
     return run_dir

@@ -20,7 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from vagen.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageParams, masked_whiten
-from vagen.algos.losses import aggregate_loss, kl_penalty, policy_loss, value_loss
+from vagen.algos.losses import aggregate_loss, aggregation_share, kl_penalty, policy_loss, value_loss
 from vagen.engines import EngineSource, SamplingParams, build_engine
 from vagen.env import make_env
 from vagen.filtering import apply_empty_policy, select_groups
@@ -35,6 +35,7 @@ from vagen.rollout import (
     collect_rollouts,
     trajectories_to_batch,
 )
+from vagen.rollout.validation import episode_metrics, validate
 from vagen.trainer.config import check_prompt_fits, validate_config
 from vagen.trainer.forward import batched_logprobs, critic_forward, policy_forward
 from vagen.trainer.monitor import DiagnosticsMonitor
@@ -57,10 +58,7 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     turns = [turn for t in trajectories for turn in t.turns]
     count = max(len(turns), 1)
     return {
-        "env/success": sum(t.success for t in trajectories) / len(trajectories),
-        "env/reward": sum(t.total_reward for t in trajectories) / len(trajectories),
-        "env/turns": len(turns) / len(trajectories),
-        "env/format_ok": sum(bool(turn.info.get("format_ok")) for turn in turns) / count,
+        **{f"env/{name}": value for name, value in episode_metrics(trajectories).items()},
         "env/action_valid": sum(bool(turn.info.get("action_is_valid")) for turn in turns) / count,
         "env/action_effective": sum(bool(turn.info.get("action_is_effective")) for turn in turns) / count,
         "rollout/response_tokens": sum(len(turn.response_ids) for turn in turns) / count,
@@ -122,6 +120,10 @@ class StarPOTrainer:
             device=device,
         )
         self.model = self.policy.model
+        self.vision_parameters = [p for name, p in self.model.named_parameters() if ".visual." in f".{name}"]
+        if cfg.trainer.freeze_vision:
+            for parameter in self.vision_parameters:
+                parameter.requires_grad_(False)
         if cfg.trainer.lora.enabled:
             add_lora(self.model, **lora_kwargs(cfg.trainer.lora))
         self.formatter = DialogueFormatter(self.policy.tokenizer, self.policy.image_processor)
@@ -139,6 +141,7 @@ class StarPOTrainer:
         self.seed_cursor = cfg.seed * SEED_STRIDE
         self.monitor = DiagnosticsMonitor(cfg.diagnostics, cfg.seed)
         self.last_trajectories: list[Trajectory] = []
+        self.initial_val: dict[str, float] = {}  # val/ metrics before training (for the held-out line)
 
     # ---- construction --------------------------------------------------------------------
     def _optimizers(self) -> tuple[dict, dict]:
@@ -147,7 +150,7 @@ class StarPOTrainer:
         ramp = lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         optimizers = {
             "policy": torch.optim.AdamW(
-                [p for p in self.model.parameters() if p.requires_grad],
+                self.trainable_parameters(),
                 lr=trainer.lr,
                 weight_decay=trainer.weight_decay,
             )
@@ -158,6 +161,9 @@ class StarPOTrainer:
             )
         schedulers = {name: torch.optim.lr_scheduler.LambdaLR(opt, ramp) for name, opt in optimizers.items()}
         return optimizers, schedulers
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
 
     @property
     def modules(self) -> dict[str, torch.nn.Module]:
@@ -189,6 +195,20 @@ class StarPOTrainer:
         )
         make = lambda: make_env(env_cfg.id, **env_cfg.kwargs)
         return collect_rollouts(make, self.engine, self.formatter, spec, self.sampling())
+
+    def validate(self) -> dict[str, float]:
+        """`val/` metrics: the current policy on `trainer.eval_episodes` fixed held-out seeds (deterministic)."""
+        trainer, env_cfg = self.cfg.trainer, self.cfg.env
+        return validate(
+            lambda: make_env(env_cfg.id, **env_cfg.kwargs),
+            self.engine,
+            self.formatter,
+            episodes=trainer.eval_episodes,
+            temperature=trainer.eval_temperature,
+            max_new_tokens=self.cfg.rollout.max_new_tokens,
+            max_context_tokens=self.cfg.rollout.max_context_tokens,
+            env_name=env_cfg.name,
+        )
 
     def diagnostics_hook(self, trajectories: list[Trajectory]) -> dict[str, float]:
         """MI proxies on the unfiltered batch, every `diagnostics.compute_freq` iterations."""
@@ -226,9 +246,12 @@ class StarPOTrainer:
         metrics["filter/rerolls"] = float(rerolls)
         metrics["filter/skipped_update"] = float(not kept)
         update_start = time.perf_counter()
+        metrics["optim/lr"] = self.optimizers["policy"].param_groups[0]["lr"]
         if kept:
             batch = trajectories_to_batch(kept, pad_token_id=self.policy.tokenizer.pad_token_id or 0)
+            before = [p.detach().clone() for p in self.trainable_parameters()]
             metrics.update(self.update(batch))
+            metrics["policy/update_norm"] = relative_change(before, self.trainable_parameters())
         metrics.update(self.monitor.echo(float(group_std.mean()), metrics))
         for scheduler in self.schedulers.values():
             scheduler.step()
@@ -286,11 +309,11 @@ class StarPOTrainer:
             for mini in _chunks(order, trainer.mini_batch_size):
                 for optimizer in self.optimizers.values():
                     optimizer.zero_grad(set_to_none=True)
+                whole_mask = batch.response_mask[mini]
                 for micro in _chunks(mini, trainer.micro_batch_size):
-                    weight = len(micro) / len(mini)
                     tensors = (old_logprobs, ref_logprobs, old_values, advantages, returns)
                     mb = batch.select(micro)
-                    self._micro_step(mb, *_rows(tensors, micro, mb.input_ids.shape[1]), weight, stats)
+                    self._micro_step(mb, *_rows(tensors, micro, mb.input_ids.shape[1]), whole_mask, stats)
                 self._optimizer_step(stats)
         self.model.eval()
         return stats.means()
@@ -303,9 +326,11 @@ class StarPOTrainer:
         old_values,
         advantages,
         returns,
-        weight: float,
+        whole_mask: torch.Tensor,
         stats: UpdateStats,
     ) -> None:
+        """Forward/backward of one micro-batch, its losses weighted by its share of the mini-batch
+        (`aggregation_share`), so the accumulated gradient equals the whole mini-batch's."""
         algo = self.cfg.algorithm
         device = next(self.model.parameters()).device
         mask = mb.response_mask.to(device)
@@ -326,10 +351,11 @@ class StarPOTrainer:
         entropy_mean = aggregate_loss(entropy, mask, "token-mean")
         loss = pg_loss - algo.entropy_coef * aggregate_loss(entropy, mask, algo.loss_agg, norm_length=norm_length)
         if ref_logprobs is not None:
-            kl = aggregate_loss(kl_penalty(logprobs, ref_logprobs.to(device), algo.kl_kind), mask, "token-mean")
-            loss = loss + algo.kl_coef * kl
-            stats.add("loss", {"kl": kl})
-        (loss * weight).backward()
+            # Aggregated like the policy loss, so one share weights every term of the loss exactly.
+            kl_mat = kl_penalty(logprobs, ref_logprobs.to(device), algo.kl_kind)
+            loss = loss + algo.kl_coef * aggregate_loss(kl_mat, mask, algo.loss_agg, norm_length=norm_length)
+            stats.add("loss", {"kl": aggregate_loss(kl_mat.detach(), mask, "token-mean")})
+        (loss * aggregation_share(mb.response_mask, whole_mask, algo.loss_agg)).backward()
         stats.add("loss", {"policy": pg_loss, "total": loss})
         stats.add("policy", {**pg_metrics, "entropy": entropy_mean})
         if self.critic is not None:
@@ -338,7 +364,7 @@ class StarPOTrainer:
             v_loss, v_metrics = value_loss(
                 values, old_values.to(device), returns.to(device), mask, clip=algo.value_clip, agg_mode="token-mean"
             )
-            (v_loss * weight).backward()
+            (v_loss * aggregation_share(mb.response_mask, whole_mask, "token-mean")).backward()
             stats.add("loss", {"value": v_loss})
             stats.add("critic", v_metrics)
 
@@ -346,7 +372,11 @@ class StarPOTrainer:
         max_norm = self.cfg.trainer.max_grad_norm
         for name, optimizer in self.optimizers.items():
             params = [p for group in optimizer.param_groups for p in group["params"]]
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            if name == "policy" and any(p.grad is not None for p in self.vision_parameters):
+                # Is the vision tower learning under RL? Its share of the (pre-clipping) gradient says.
+                vision_grads = [p.grad for p in self.vision_parameters if p.grad is not None]
+                stats.add("policy", {"grad_norm_vision": torch.nn.utils.get_total_norm(vision_grads)})
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)  # the norm before clipping
             stats.add("policy" if name == "policy" else "critic", {"grad_norm": norm})
             optimizer.step()
 
@@ -356,10 +386,16 @@ class StarPOTrainer:
 
     # ---- state for checkpoints -----------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        return {"iteration": self.iteration, "seed_cursor": self.seed_cursor, "diagnostics": self.monitor.state_dict()}
+        return {
+            "iteration": self.iteration,
+            "seed_cursor": self.seed_cursor,
+            "diagnostics": self.monitor.state_dict(),
+            "initial_val": self.initial_val,
+        }
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.iteration, self.seed_cursor = int(state["iteration"]), int(state["seed_cursor"])
+        self.initial_val = dict(state.get("initial_val", {}))
         self.monitor.load_state_dict(state.get("diagnostics", {}))
 
     def fingerprint(self) -> dict[str, Any]:
@@ -379,6 +415,13 @@ class StarPOTrainer:
     @property
     def run_dir(self) -> Path:
         return Path(self.cfg.run_dir)
+
+
+def relative_change(before: list[torch.Tensor], after: list[torch.Tensor]) -> float:
+    """‖θ_after − θ_before‖ / ‖θ_before‖ over all given tensors: how far one update moved the weights."""
+    moved = sum(float((a.detach() - b).float().pow(2).sum()) for a, b in zip(after, before, strict=True))
+    size = sum(float(b.float().pow(2).sum()) for b in before)
+    return (moved / max(size, 1e-30)) ** 0.5
 
 
 def _chunks(indices: torch.Tensor, size: int) -> list[torch.Tensor]:

@@ -2,7 +2,7 @@
 
 Four figures, each a function `records -> Figure | None` registered in `PLOTS`:
 
-    training     success, reward, format-valid rate, response length over iterations
+    training     held-out success (val/), success, reward, format-valid rate, response length over iterations
     filtering    Std(RV)/Mean(RV) with the SPEC §3 reference levels, kept ratio, zero-spread groups
     diagnostics  entropy, grad norm, MI estimate under its log B ceiling, retrieval accuracy vs chance;
                  Echo Trap firings as vertical lines
@@ -163,7 +163,7 @@ class Panel:
     draw: Callable[[Axes, Records], None]
 
 
-def _new_figure(width: float, height: float) -> Figure:
+def new_figure(width: float, height: float) -> Figure:
     figure = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(figure)  # Agg canvas: renders off-screen, no display or pyplot state needed
     return figure
@@ -181,7 +181,7 @@ def _grid_figure(
         return None, []
     columns = 1 if len(present) <= 3 else 2
     rows = math.ceil(len(present) / columns)
-    figure = _new_figure(10, 6 if rows <= 2 else 7.5)
+    figure = new_figure(10, 6 if rows <= 2 else 7.5)
     grid = figure.subplots(rows, columns, sharex=True, squeeze=False)
     axes = list(grid.flat)
     for ax, panel in zip(axes, present, strict=False):
@@ -205,6 +205,26 @@ def _draw_success(ax: Axes, records: Records) -> None:
     _curve(ax, records, "env/success", "success rate", "tab:green")
     ax.set_ylim(-0.03, 1.03)
     _style(ax, "Task success", "episodes solved (%)", percent=True)
+
+
+def draw_held_out(ax: Axes, records: Records, label: str = "held-out", colour: str = "tab:red") -> bool:
+    """`val/success` with its 95% interval as a band; False when the run logged no validation."""
+    steps, values = metric_series(records, "val/success")
+    if steps.size == 0:
+        return False
+    low, high = metric_series(records, "val/success_ci_low")[1], metric_series(records, "val/success_ci_high")[1]
+    if low.size == values.size == high.size:
+        ax.fill_between(steps, low, high, color=colour, alpha=0.15, linewidth=0)
+    ax.plot(steps, values, color=colour, linewidth=2.0, marker="o", markersize=4, label=label)
+    return True
+
+
+def _draw_held_out(ax: Axes, records: Records) -> None:
+    episodes = last_value(records, "val/episodes")
+    draw_held_out(ax, records, label=f"held-out success ({episodes:.0f} episodes, 95% CI)")
+    _curve(ax, records, "env/success", "training rollouts", "tab:green")
+    ax.set_ylim(-0.03, 1.03)
+    _style(ax, "Held-out success (fixed evaluation seeds)", "episodes solved (%)", percent=True)
 
 
 def _draw_reward(ax: Axes, records: Records) -> None:
@@ -231,6 +251,7 @@ def _draw_length(ax: Axes, records: Records) -> None:
 
 
 TRAINING_PANELS = (
+    Panel("held-out success", ("val/success",), _draw_held_out),
     Panel("success", ("env/success",), _draw_success),
     Panel("reward", ("env/reward",), _draw_reward),
     Panel("format-ok", ("env/format_ok",), _draw_format),
@@ -505,7 +526,7 @@ def plot_regimes(records: Records, run_name: str = "", skipped: list[str] | None
         if skipped is not None:
             skipped.append("regimes: figure skipped (no mi/<scope>/mi_est with mi/<scope>/h_cond_est in the log)")
         return None
-    figure = _new_figure(10 if len(scopes) == 1 else 14, 6)
+    figure = new_figure(10 if len(scopes) == 1 else 14, 6)
     axes = figure.subplots(1, len(scopes), squeeze=False)[0]
     all_steps = np.concatenate([metric_series(records, f"mi/{s}/mi_est")[0] for s in scopes])
     colour_range = (float(all_steps.min()), float(max(all_steps.max(), all_steps.min() + 1)))

@@ -1,0 +1,55 @@
+"""Held-out validation inside training: fixed evaluation seeds, deterministic, logged at 0, every k, and the end."""
+
+import json
+
+import pytest
+from test_trainer import TEXT, config
+
+from vagen.rollout.validation import EVAL_SEED_BASE, eval_seeds, wilson_interval
+from vagen.trainer.run import train
+from vagen.trainer.starpo import SEED_STRIDE, StarPOTrainer
+
+
+def test_eval_seeds_never_overlap_training_seeds():
+    seeds = eval_seeds(256)
+    assert seeds == list(range(EVAL_SEED_BASE, EVAL_SEED_BASE + 256))
+    # Run seed s trains on env seeds s·SEED_STRIDE + k (k < SEED_STRIDE): every run seed below 10_000 stays below.
+    assert min(seeds) > 10_000 * SEED_STRIDE - 1
+    with pytest.raises(ValueError, match="episodes must be >= 1"):
+        eval_seeds(0)
+
+
+def test_validation_is_deterministic_and_does_not_move_the_training_cursor():
+    trainer = StarPOTrainer(config([*TEXT, "trainer.eval_episodes=12", "rollout.temperature=1.0"]))
+    cursor = trainer.seed_cursor
+    first, second = trainer.validate(), trainer.validate()
+    assert first == second
+    assert set(first) == {
+        "val/success",
+        "val/reward",
+        "val/turns",
+        "val/format_ok",
+        "val/success_ci_low",
+        "val/success_ci_high",
+        "val/episodes",
+    }
+    assert first["val/episodes"] == 12 and trainer.seed_cursor == cursor
+    low, high = wilson_interval(round(first["val/success"] * 12), 12)
+    assert (first["val/success_ci_low"], first["val/success_ci_high"]) == (low, high)
+
+
+def test_run_validates_at_start_every_k_and_end_and_prints_the_held_out_line(tmp_path, capsys):
+    overrides = [*TEXT, "trainer.eval_every=2", "trainer.eval_episodes=6", "trainer.save_every=1"]
+    run_dir = train(config([*overrides, "trainer.iterations=3"], tmp_path))
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "val/success" in r] == [0, 2, 3]
+    assert "env/success" not in records[0]  # iteration 0 is the policy before any update
+    out = capsys.readouterr()
+    first, last = records[0]["val/success"], records[-1]["val/success"]
+    assert f"held-out success {first:.1%} -> {last:.1%} (6 episodes)" in out.out + out.err
+    # A resumed run still knows where it started: the line compares with iteration 0, not the resume point.
+    train(config([*overrides, "trainer.iterations=4"], tmp_path))
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "val/success" in r] == [0, 2, 3, 4]
+    out = capsys.readouterr()
+    assert f"held-out success {first:.1%} -> {records[-1]['val/success']:.1%} (6 episodes)" in out.out + out.err

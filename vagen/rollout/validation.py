@@ -1,0 +1,82 @@
+"""Held-out validation: the current policy plays fixed evaluation seeds, and the episodes are summarised.
+
+Evaluation seeds
+----------------
+Episode k is `env.reset(seed=EVAL_SEED_BASE + offset + k)`. Training draws env seeds from
+`seed * 100_000` upward (`vagen.trainer.starpo.SEED_STRIDE`), far below 1e9 for any run seed under
+10_000, so evaluation episodes are never training episodes, and every model meets the same levels.
+The trainer's in-run validation (`trainer.eval_every`) and `scripts/evaluate.py` use the same seeds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import gymnasium
+
+from vagen.engines.base import Engine, SamplingParams
+from vagen.rollout.context import DialogueFormatter
+from vagen.rollout.loop import RolloutSpec, collect_rollouts
+from vagen.rollout.trajectory import Trajectory
+
+EVAL_SEED_BASE = 1_000_000_000
+"""Evaluation env seeds start here; training seeds stay below it (see the module docstring)."""
+Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
+VALIDATION_SAMPLING_SEED = 1234  # one fixed sampling seed: the same policy always gets the same score
+
+
+def eval_seeds(episodes: int, offset: int = 0) -> list[int]:
+    """The env seeds of episodes 0..episodes-1: `EVAL_SEED_BASE + offset + k`."""
+    if episodes < 1 or offset < 0:
+        raise ValueError(f"episodes must be >= 1 and seed_offset >= 0, got {episodes} and {offset}.")
+    return [EVAL_SEED_BASE + offset + k for k in range(episodes)]
+
+
+def wilson_interval(successes: int, trials: int, z: float = Z_95) -> tuple[float, float]:
+    """The Wilson score interval for a binomial proportion; (nan, nan) when there are no trials."""
+    if trials == 0:
+        return math.nan, math.nan
+    p = successes / trials
+    denominator = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denominator
+    half_width = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
+    # Rounding can put an end a hair inside p at p = 0 or 1; the interval always contains p.
+    return max(0.0, min(p, centre - half_width)), min(1.0, max(p, centre + half_width))
+
+
+def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """success, reward (mean return), turns per episode and format_ok (fraction of turns) of played episodes."""
+    turns = [turn for t in trajectories for turn in t.turns]
+    return {
+        "success": sum(t.success for t in trajectories) / len(trajectories),
+        "reward": sum(t.total_reward for t in trajectories) / len(trajectories),
+        "turns": len(turns) / len(trajectories),
+        "format_ok": sum(bool(turn.info.get("format_ok")) for turn in turns) / max(len(turns), 1),
+    }
+
+
+def validate(
+    make_env: Callable[[], gymnasium.Env],
+    engine: Engine,
+    formatter: DialogueFormatter,
+    *,
+    episodes: int,
+    temperature: float,
+    max_new_tokens: int,
+    max_context_tokens: int,
+    env_name: str = "",
+) -> dict[str, float]:
+    """One episode on each of the first `episodes` evaluation seeds; `val/` metrics with a 95% interval.
+
+    Sampling uses a fixed seed, so validating the same weights twice gives the same numbers.
+    """
+    spec = RolloutSpec(
+        group_seeds=eval_seeds(episodes), group_size=1, max_context_tokens=max_context_tokens, env_name=env_name
+    )
+    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=VALIDATION_SAMPLING_SEED)
+    trajectories = collect_rollouts(make_env, engine, formatter, spec, sampling)
+    metrics = episode_metrics(trajectories)
+    low, high = wilson_interval(sum(t.success for t in trajectories), len(trajectories))
+    metrics.update(success_ci_low=low, success_ci_high=high, episodes=float(len(trajectories)))
+    return {f"val/{name}": value for name, value in metrics.items()}
