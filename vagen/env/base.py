@@ -82,6 +82,17 @@ class ObservationSpace(gymnasium.spaces.Space[Observation]):
         raise NotImplementedError("Observations come from reset/step; they cannot be sampled.")
 
 
+MAX_ECHO_CHARS = 200  # model text quoted back in feedback: enough to see the mistake, never a 100 kB echo
+
+
+def echo_safe(text: str, limit: int = MAX_ECHO_CHARS) -> str:
+    """Model text made safe to quote in an observation: cut to `limit` characters, no image placeholder,
+    and no `<|...|>` special-token spelling (a chat template would turn it into a real control token)."""
+    if len(text) > limit:
+        text = text[:limit] + "…"
+    return text.replace(IMAGE_PLACEHOLDER, "<img>").replace("<|", "< |").replace("|>", "| >")
+
+
 class LanguageEnv(gymnasium.Env[Observation, str]):
     """A multi-turn game played by writing `<think>…</think><answer>…</answer>` responses.
 
@@ -223,7 +234,7 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
         }
         feedback = f"Executed: {', '.join(turn.executed) or 'nothing'}. Reward: {reward:g}."
         if error:
-            feedback += f" Problem: {error}."
+            feedback += f" Problem: {echo_safe(error)}."
         return self._observation(feedback + "\n"), float(reward), turn.terminated, truncated, info
 
     def _execute(self, actions: list[str]) -> _TurnOutcome:

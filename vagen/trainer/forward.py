@@ -60,12 +60,23 @@ def scatter_sampled(values: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
 
 
 def policy_forward(
-    model: torch.nn.Module, batch: TokenBatch, processor: Any | None, with_entropy: bool = False
+    model: torch.nn.Module,
+    batch: TokenBatch,
+    processor: Any | None,
+    with_entropy: bool = False,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log π(sampled token | prefix) as [B, T] (0 off the response mask), and optionally the entropy [B, T]."""
+    """log π_T(sampled token | prefix) as [B, T] (0 off the response mask), and optionally the entropy [B, T].
+
+    π_T = softmax(logits / temperature): the distribution the engine sampled from at that temperature
+    (before top-k / top-p truncation, as verl and TRL score it), so the PPO ratio and the entropy refer
+    to the sampling policy. temperature=1 is the model's own distribution; 0 (greedy) scores at 1.
+    """
     inputs = model_inputs(model, batch, processor)
     hidden = _backbone(model)(**inputs).last_hidden_state  # (B, T, H)
     logits = model.get_output_embeddings()(hidden_before_sampled(hidden, batch)).float()  # (n, V)
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
     rows, cols = sampled_positions(batch)
     targets = batch.input_ids[rows, cols].to(logits.device)
     logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)  # (n,)
@@ -75,13 +86,13 @@ def policy_forward(
 
 @torch.no_grad()
 def batched_logprobs(
-    model: torch.nn.Module, batch: TokenBatch, processor: Any | None, micro_batch: int
+    model: torch.nn.Module, batch: TokenBatch, processor: Any | None, micro_batch: int, temperature: float = 1.0
 ) -> torch.Tensor:
     """`policy_forward` log-probs for a whole batch, in micro-batches, without gradients: [B, T] on CPU."""
     out = torch.zeros(batch.input_ids.shape)
     for start in range(0, len(batch), micro_batch):
         rows = list(range(start, min(start + micro_batch, len(batch))))
-        logprobs, _ = policy_forward(model, batch.select(rows), processor)
+        logprobs, _ = policy_forward(model, batch.select(rows), processor, temperature=temperature)
         out[rows, : logprobs.shape[1]] = logprobs.float().cpu()
     return out
 

@@ -267,10 +267,11 @@ class StarPOTrainer:
         """old log-probs, reference log-probs, old values, advantages, returns; all [B, T]."""
         trainer, algo = self.cfg.trainer, self.cfg.algorithm
         processor = self.policy.processor
-        old_logprobs = batched_logprobs(self.model, batch, processor, trainer.micro_batch_size)
+        temperature = self.cfg.rollout.temperature
+        old_logprobs = batched_logprobs(self.model, batch, processor, trainer.micro_batch_size, temperature)
         ref_logprobs = None
         if self.reference is not None:
-            ref_logprobs = batched_logprobs(self.reference, batch, processor, trainer.micro_batch_size)
+            ref_logprobs = batched_logprobs(self.reference, batch, processor, trainer.micro_batch_size, temperature)
         old_values = None
         if self.critic is not None:
             old_values = torch.zeros(batch.input_ids.shape)
@@ -336,7 +337,9 @@ class StarPOTrainer:
         mask = mb.response_mask.to(device)
         norm_length = self.cfg.rollout.max_new_tokens * self.cfg.env.kwargs.get("max_turns", 1)
         with self._autocast():
-            logprobs, entropy = policy_forward(self.model, mb, self.policy.processor, with_entropy=True)
+            logprobs, entropy = policy_forward(
+                self.model, mb, self.policy.processor, with_entropy=True, temperature=self.cfg.rollout.temperature
+            )
         pg_loss, pg_metrics = policy_loss(
             logprobs,
             old_logprobs.to(device),
