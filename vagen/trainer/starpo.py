@@ -296,13 +296,15 @@ class StarPOTrainer:
         trainer = self.cfg.trainer
         old_logprobs, ref_logprobs, old_values, advantages, returns = self.advantages(batch)
         stats = UpdateStats.empty()
-        stats.add(
-            "rollout",
-            {
-                "advantage_abs_mean": (advantages.abs() * batch.response_mask).sum()
-                / batch.response_mask.sum().clamp(min=1)
-            },
-        )
+        mask = batch.response_mask
+        stats.add("rollout", {"advantage_abs_mean": (advantages.abs() * mask).sum() / mask.sum().clamp(min=1)})
+        if self.cfg.rollout.temperature == 1.0:
+            # Engines report raw (T = 1) log-probs; at T = 1 the trainer scores the same distribution, so any
+            # gap on the sampled tokens is a rollout/training mismatch (precision, kernels, inputs).
+            gap = (batch.rollout_logprobs - old_logprobs).abs() * mask
+            stats.add(
+                "rollout", {"logprob_gap_mean": gap.sum() / mask.sum().clamp(min=1), "logprob_gap_max": gap.max()}
+            )
         shuffle = torch.Generator().manual_seed(self.cfg.seed * 7919 + self.iteration)
         self.model.train()
         for _ in range(trainer.ppo_epochs):
