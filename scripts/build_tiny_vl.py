@@ -38,11 +38,7 @@ def main() -> None:
     recipe = replace(WarmStartRecipe(), **overrides)
     started = time.perf_counter()
 
-    def progress(step: int, loss: float) -> None:
-        if step % 20 == 0 or step == recipe.steps:
-            print(f"step {step}/{recipe.steps}  loss {loss:.4f}  {time.perf_counter() - started:.0f} s", flush=True)
-
-    folder = build_warm_tiny_vl(args.cache_dir, recipe, progress)
+    folder = build_warm_tiny_vl(args.cache_dir, recipe)
     print(f"warm tiny_vl at {folder} ({time.perf_counter() - started:.0f} s)")
     print(json.dumps(read_report(folder), indent=2))
 

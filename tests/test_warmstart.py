@@ -11,9 +11,11 @@ from vagen.models.cache import read_stamp
 from vagen.models.tiny import build_tiny_vl, load_tiny_vl
 from vagen.models.warmstart import (
     DIRECTIONS,
+    SHIPPED_DIR,
     WarmStartRecipe,
     build_warm_tiny_vl,
     demonstrations,
+    evaluate_model,
     held_out_seeds,
     make_sokoban_visual,
     play_demo,
@@ -154,3 +156,18 @@ def test_cached_build_is_reused_and_reports(tmp_path):
     assert read_stamp(folder)["recipe"]["steps"] == TEST_RECIPE.steps
     other = build_warm_tiny_vl(tmp_path, replace(TEST_RECIPE, steps=2))  # another recipe: rebuilt in place
     assert other == folder and read_stamp(folder)["recipe"]["steps"] == 2
+
+
+def test_shipped_tiny_vl_is_the_current_recipe_and_plays_as_its_report_says(tmp_path):
+    """The committed warm tiny_vl is used only while its stamp is today's recipe (else it is rebuilt), and its
+    weights replay the report: greedy success on the report's held-out seeds within 3 of 128 episodes (CPU
+    float reductions differ with the thread count, which can flip an episode or two)."""
+    folder = build_warm_tiny_vl(cache_dir=tmp_path)  # the default recipe: no 15-minute build
+    assert folder.parent == SHIPPED_DIR, "the recipe changed: rebuild with scripts/build_tiny_vl.py and ship it"
+    assert not list(tmp_path.glob("warm-*"))
+    report = read_report(folder)
+    model, processor = load_tiny_vl(folder)
+    seeds = held_out_seeds(report["recipe"]["eval_episodes"])
+    greedy = evaluate_model(model, processor, seeds, 0.0, report["recipe"]["max_new_tokens"])
+    assert abs(greedy["success"] - report["eval"]["greedy"]["success"]) <= 3 / len(seeds)
+    assert greedy["success"] > 2 * report["eval"]["random"]["success"]

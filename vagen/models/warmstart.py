@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from vagen.engines.base import SamplingParams
 from vagen.engines.hf import HFEngine
@@ -62,7 +63,10 @@ SOKOBAN_VISUAL = {
     "max_actions_per_turn": 3,
     "response_format": "free_think",
 }
-HELD_OUT_FIRST_SEED = 1_000_000  # training seeds are 0..train_episodes-1: never overlapping
+HELD_OUT_FIRST_SEED = 1_000_000
+# Finished builds committed with the package (weights, processor, report.json and the stamp of the recipe that
+# built them), so first contact skips the ~15-minute build; used only while the recipe is unchanged.
+SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"  # training seeds are 0..train_episodes-1: never overlapping
 
 
 @dataclass(frozen=True)
@@ -233,7 +237,13 @@ def tile_direction_labels(grid: np.ndarray) -> np.ndarray:
     return labels
 
 
-def pretrain_vision(model: torch.nn.Module, processor: Any, demos: list[Demo], recipe: WarmStartRecipe) -> list[float]:
+def pretrain_vision(
+    model: torch.nn.Module,
+    processor: Any,
+    demos: list[Demo],
+    recipe: WarmStartRecipe,
+    on_step: Callable[[int, float], None] | None = None,
+) -> list[float]:
     """Train the vision tower alone so that each image token knows where the player, box and target are from it.
 
     Why: trained end to end through the text model, the vision tower gets ~100× smaller gradients
@@ -268,6 +278,8 @@ def pretrain_vision(model: torch.nn.Module, processor: Any, demos: list[Demo], r
             torch.nn.utils.clip_grad_norm_(parameters, recipe.grad_clip)
             optimizer.step()
             losses.append(float(loss.detach()))
+            if on_step is not None:
+                on_step(len(losses), losses[-1])
     return losses
 
 
@@ -417,18 +429,26 @@ def _loss_summary(losses: list[float]) -> dict[str, Any]:
     }
 
 
-def warm_start(
-    base: Path, recipe: WarmStartRecipe, folder: Path, on_step: Callable[[int, float], None] | None = None
-) -> dict[str, Any]:
-    """Train the model in `base` by the recipe, save it into `folder` with its `report.json`; return the report."""
+def warm_start(base: Path, recipe: WarmStartRecipe, folder: Path) -> dict[str, Any]:
+    """Train the model in `base` by the recipe, save it into `folder` with its `report.json`; return the report.
+
+    A progress bar with an ETA covers the vision pre-training and SFT steps (the long part of a build).
+    """
     started = time.perf_counter()
     model, processor = load_tiny_vl(base)
     formatter = DialogueFormatter(processor.tokenizer, processor.image_processor)
     demos = demonstrations(formatter, range(recipe.train_episodes), recipe.noise_eps, recipe.seed)
     demo_seconds = time.perf_counter() - started
-    vision_losses = pretrain_vision(model, processor, demos, recipe) if recipe.vision_steps else []
+    bar = tqdm(total=recipe.vision_steps + recipe.steps, desc=f"building tiny_vl ({recipe.size}, once)", unit="step")
+
+    def on_step(step: int, loss: float) -> None:
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+
+    vision_losses = pretrain_vision(model, processor, demos, recipe, on_step) if recipe.vision_steps else []
     vision_seconds = time.perf_counter() - started - demo_seconds
     losses = train_sft(model, processor, demos, recipe, on_step)
+    bar.close()
     train_seconds = time.perf_counter() - started - demo_seconds - vision_seconds
     model.eval()
     model.save_pretrained(folder)
@@ -451,23 +471,21 @@ def warm_start(
     return report
 
 
-def build_warm_tiny_vl(
-    cache_dir: str | Path | None = None,
-    recipe: WarmStartRecipe | None = None,
-    on_step: Callable[[int, float], None] | None = None,
-) -> Path:
+def build_warm_tiny_vl(cache_dir: str | Path | None = None, recipe: WarmStartRecipe | None = None) -> Path:
     """Return the folder of the warm-started tiny Qwen2.5-VL, training it once (several minutes on CPU).
 
     The folder holds what `load_tiny_vl` reads plus `report.json`. It is rebuilt when the recipe,
     this module's version or the base model (its tokenizer corpus, size, seed) changes.
-    `on_step(step, loss)` reports training progress when a build happens.
     """
     recipe = recipe or WarmStartRecipe()
     root = Path(cache_dir or cache_root())
     base = build_tiny_vl(root, size=recipe.size, seed=recipe.base_seed)
     stamp = {"model": "warm-tiny-vl", "version": WARMSTART_VERSION, "recipe": asdict(recipe), "base": read_stamp(base)}
     target = root / f"warm-tiny-vl-{recipe.size}-seed{recipe.base_seed}"
-    return build_once(target, stamp, lambda folder: warm_start(base, recipe, folder, on_step))
+    shipped = SHIPPED_DIR / target.name
+    if read_stamp(shipped) == stamp:
+        return shipped  # the build of exactly this recipe and base that ships with the package
+    return build_once(target, stamp, lambda folder: warm_start(base, recipe, folder))
 
 
 def load_warm_tiny_vl(cache_dir: str | Path | None = None, recipe: WarmStartRecipe | None = None, **load_kwargs):
