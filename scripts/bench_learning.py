@@ -32,12 +32,13 @@ def option(argv: list[str], name: str, default: str) -> str:
     return next((a.split("=", 1)[1] for a in argv if a.startswith(f"{name}=")), default)
 
 
-def train_run(algorithm: str, seed: int, run_dir: Path, episodes: int, threads: int, overrides: list[str]) -> Path:
-    """One training run in a subprocess (its own torch threads), logging to run_dir/train.out."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable,
-        str(ROOT / "scripts" / "train.py"),
+BENCH_ONLY_OVERRIDES = ("trainer.eval_episodes", "trainer.resume", "logger.wandb_mode", "logger.progress", "run_dir")
+
+
+def training_overrides(algorithm: str, seed: int, run_dir: Path, episodes: int, extra: list[str]) -> list[str]:
+    """The `scripts/train.py` overrides of one run: the algorithm preset and seed, plus only what a benchmark
+    must set (validation size, a fresh run folder, quiet logging); every training setting is the default's."""
+    return [
         f"algorithm={algorithm}",
         f"seed={seed}",
         f"trainer.eval_episodes={episodes}",
@@ -45,8 +46,15 @@ def train_run(algorithm: str, seed: int, run_dir: Path, episodes: int, threads: 
         "logger.wandb_mode=disabled",
         "logger.progress=false",
         f"run_dir={run_dir}",
-        *overrides,
+        *extra,
     ]
+
+
+def train_run(algorithm: str, seed: int, run_dir: Path, episodes: int, threads: int, extra: list[str]) -> Path:
+    """One training run in a subprocess (its own torch threads), logging to run_dir/train.out."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, str(ROOT / "scripts" / "train.py")]
+    command += training_overrides(algorithm, seed, run_dir, episodes, extra)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     with open(run_dir / "train.out", "w") as log:
         subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, check=True, cwd=ROOT)

@@ -53,3 +53,23 @@ def test_run_validates_at_start_every_k_and_end_and_prints_the_held_out_line(tmp
     assert [r["step"] for r in records if "val/success" in r] == [0, 2, 3, 4]
     out = capsys.readouterr()
     assert f"held-out success {first:.1%} -> {records[-1]['val/success']:.1%} (6 episodes)" in out.out + out.err
+
+
+def test_bench_learning_trains_with_the_default_configs():
+    """bench_learning's runs differ from `scripts/train.py env=sokoban_visual algorithm=X` only in what a benchmark
+    must set (validation size, run folder, logging): its numbers are the defaults' numbers."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_learning.py"
+    spec = importlib.util.spec_from_file_location("bench_learning", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for algorithm in ("grpo", "starpo_s"):
+        overrides = bench.training_overrides(algorithm, 1, Path("/tmp/x"), 256, [])
+        assert {o.split("=")[0] for o in overrides} - {"algorithm", "seed"} == set(bench.BENCH_ONLY_OVERRIDES)
+        default, benched = config([f"algorithm={algorithm}", "seed=1"]), config(overrides)
+        for section in ("env", "model", "algorithm", "filter", "rollout", "diagnostics"):
+            assert default[section] == benched[section], section
+        differing = {key for key in default.trainer if default.trainer[key] != benched.trainer[key]}
+        assert differing == {"eval_episodes", "resume"}
