@@ -91,6 +91,11 @@ def test_new_run_in_an_old_folder_moves_old_metrics_aside(tmp_path):
     assert [record["env/reward"] for record in read_metrics(tmp_path)] == [9.0]
     backups = list(tmp_path.glob("metrics.jsonl.*.bak"))
     assert len(backups) == 1 and read_metrics(backups[0])[0]["env/reward"] == 1.0
+    for reward in (2.0, 3.0):  # more new runs within the same second: every old record is kept
+        with pytest.warns(UserWarning, match="resume=False"), MetricsLogger(tmp_path, wandb_mode="disabled") as log:
+            log.log({"env/reward": reward}, step=1)
+    kept = sorted(read_metrics(path)[0]["env/reward"] for path in tmp_path.glob("metrics.jsonl.*.bak"))
+    assert kept == [1.0, 2.0, 9.0]
 
 
 def test_read_metrics_skips_a_torn_last_line_but_not_a_damaged_middle(tmp_path):

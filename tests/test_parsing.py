@@ -165,3 +165,9 @@ def test_huge_response_is_handled():
 
 def test_non_string_response_is_a_format_error():
     assert not parse_response(None).format_ok  # type: ignore[arg-type]
+
+
+def test_characters_whose_lowercase_is_longer_do_not_shift_the_answer():
+    """'İ'.lower() has two characters; the answer must still be found in the original text."""
+    parsed = parse_response("<think>İİİ İstanbul</think><answer>Left || Up</answer>")
+    assert parsed.format_ok and parsed.actions == ["Left", "Up"] and parsed.think == "İİİ İstanbul"

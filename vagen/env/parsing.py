@@ -77,8 +77,9 @@ def parse_response(
     answer, error = _single_block(text, "answer")
     if error:
         return ParsedResponse(format_ok=False, error=error)
-    answer_start = text.lower().rfind("<answer>")
-    if not text.lower().endswith("</answer>"):
+    # Found in the original text, not in text.lower(): lowering can change the length ("İ" → "i̇").
+    answer_start = re.search("<answer>", text, re.IGNORECASE).start()  # the only one (checked above)
+    if not re.search(r"</answer>\Z", text, re.IGNORECASE):
         return ParsedResponse(format_ok=False, answer=answer.strip(), error="text after </answer>")
     head = text[:answer_start].strip()
 

@@ -84,6 +84,16 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def _free_name(path: Path) -> Path:
+    """`path`, or `stem-1.suffix`, `stem-2.suffix`, ... beside it: the first that does not exist (several
+    backups within one second must not overwrite each other)."""
+    candidate, number = path, 0
+    while candidate.exists():
+        number += 1
+        candidate = path.with_name(f"{path.stem}-{number}{path.suffix}")
+    return candidate
+
+
 def _has_wandb_credentials() -> bool:
     if os.environ.get("WANDB_API_KEY"):
         return True
@@ -129,7 +139,7 @@ class MetricsLogger:
         self.path = self.run_dir / METRICS_FILENAME
         self.wandb_mode = wandb_mode
         if not resume and self.path.exists() and self.path.stat().st_size > 0:
-            backup = self.path.with_name(f"{METRICS_FILENAME}.{time.strftime('%Y%m%d-%H%M%S')}.bak")
+            backup = _free_name(self.path.with_name(f"{METRICS_FILENAME}.{time.strftime('%Y%m%d-%H%M%S')}.bak"))
             warnings.warn(f"{self.path} exists and resume=False: moving it to {backup.name}.", stacklevel=2)
             os.replace(self.path, backup)
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 -- closed by close()
