@@ -146,3 +146,19 @@ def test_a_template_that_drops_images_names_the_turn(tiny_vl):
             collect_rollouts(sokoban_visual, HFEngine(model, processor), formatter, spec, SAMPLING)
     finally:
         tokenizer.chat_template = original
+
+
+def test_a_turn_without_sampled_tokens_keeps_its_reward():
+    """A response of zero tokens (e.g. an engine that stopped at once) has no token to carry its reward:
+    the reward goes to the neighbouring response instead of silently vanishing."""
+    from vagen.rollout import Trajectory, Turn
+
+    trajectory = Trajectory(group_id=0, seed=0, env_name="test")
+    for prompt, response, reward in (([1, 2], [], 0.5), ([3], [4, 5], 1.0), ([6], [], 2.0), ([7], [8], -0.25)):
+        trajectory.turns.append(Turn(observation="", images=[], prompt_ids=prompt, reward=reward))
+        trajectory.turns[-1].response_ids, trajectory.turns[-1].response_logprobs = response, [0.0] * len(response)
+    batch = trajectories_to_batch([trajectory], pad_token_id=0)
+    ids = batch.input_ids[0].tolist()
+    assert batch.token_rewards[0].sum() == pytest.approx(trajectory.total_reward)
+    assert batch.token_rewards[0, ids.index(5)] == pytest.approx(0.5 + 1.0 + 2.0)
+    assert batch.token_rewards[0, ids.index(8)] == pytest.approx(-0.25)

@@ -21,7 +21,8 @@ class TokenBatch:
     input_ids      [B, T] long   the dialogue ids (context + sampled + template)
     attention_mask [B, T] long   1 on real tokens
     response_mask  [B, T] float  1 exactly on sampled tokens (the loss mask)
-    token_rewards  [B, T] float  each turn's reward on that turn's last sampled token
+    token_rewards  [B, T] float  each turn's reward on that turn's last sampled token (a turn without sampled
+                                tokens: on the previous turn's, or the next one's if it is the first)
     turn_ids       [B, T] long   turn index on sampled tokens, -1 elsewhere
     rollout_logprobs [B, T] float the engine's log-probs on sampled tokens, 0 elsewhere
     group_index    [B]    long   the group (initial state) of each dialogue
@@ -89,13 +90,20 @@ def trajectories_to_batch(trajectories: list[Trajectory], pad_token_id: int) -> 
         input_ids[b, : len(ids)] = torch.tensor(ids)
         attention_mask[b, : len(ids)] = 1
         response_mask[b, : len(ids)] = torch.tensor(mask, dtype=torch.float)
+        last_sampled, pending = None, 0.0  # a turn with no sampled token hands its reward to a neighbour
         for turn_index, ((start, end), turn) in enumerate(
             zip(trajectory.response_spans(), trajectory.turns, strict=True)
         ):
             turn_ids[b, start:end] = turn_index
             rollout_logprobs[b, start:end] = torch.tensor(turn.response_logprobs, dtype=torch.float)
             if end > start:
-                token_rewards[b, end - 1] += turn.reward
+                last_sampled = end - 1
+                token_rewards[b, last_sampled] += turn.reward + pending
+                pending = 0.0
+            elif last_sampled is not None:
+                token_rewards[b, last_sampled] += turn.reward  # the last response that led here
+            else:
+                pending += turn.reward  # no response yet: the next one carries it
     return TokenBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
