@@ -184,3 +184,32 @@ def test_gradient_accumulation_equals_the_whole_mini_batch(agg, monkeypatch):
     assert grads[0].keys() == grads[1].keys()
     for name, expected in grads[0].items():
         assert torch.allclose(grads[1][name], expected, atol=1e-5, rtol=1e-4), name
+
+
+def test_a_second_run_into_a_busy_run_dir_refuses_and_a_stale_lock_is_taken_over(tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    from vagen.trainer.lock import LOCK_FILENAME
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded although the run folder is busy")
+
+    cfg = config([*TEXT, "trainer.iterations=1"], tmp_path)
+    lock = tmp_path / "run" / LOCK_FILENAME
+    lock.parent.mkdir(parents=True)
+    busy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a live run on this host
+    try:
+        lock.write_text(json.dumps({"pid": busy.pid, "host": os.uname().nodename}))
+        with monkeypatch.context() as patch:
+            patch.setattr(starpo, "load_policy", no_model)
+            with pytest.raises(ValueError, match=f"in use by another run \\(pid {busy.pid}"):
+                train(cfg)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert lock.exists()  # the refused run left the owner's lock alone
+    with pytest.warns(UserWarning, match="stale lock"):
+        train(cfg)  # the owner is gone: the lock is stale, the run proceeds and releases it at the end
+    assert not lock.exists() and (tmp_path / "run" / "checkpoints").exists()

@@ -11,6 +11,7 @@ from vagen.env import make_env
 from vagen.logging import MetricsLogger, ProgressBar
 from vagen.rollout import Trajectory
 from vagen.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from vagen.trainer.lock import run_dir_lock
 from vagen.trainer.starpo import StarPOTrainer
 from vagen.viz.gif import replay_episode, save_episode_gif
 
@@ -84,9 +85,14 @@ def _timed_validation(trainer: StarPOTrainer) -> dict[str, float]:
 
 def train(cfg: DictConfig) -> Path:
     """Run `cfg.trainer.iterations` iterations in `cfg.run_dir` (continuing a checkpoint if asked)."""
-    trainer = StarPOTrainer(cfg)
-    run_dir = trainer.run_dir
+    run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    with run_dir_lock(run_dir):  # before any model loads: a second run into this folder fails at once
+        return _train_locked(StarPOTrainer(cfg), cfg)
+
+
+def _train_locked(trainer: StarPOTrainer, cfg: DictConfig) -> Path:
+    run_dir = trainer.run_dir
     checkpoint = resume_point(cfg)
     if checkpoint is not None:
         restore_checkpoint(trainer, checkpoint)
