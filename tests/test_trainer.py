@@ -213,3 +213,14 @@ def test_a_second_run_into_a_busy_run_dir_refuses_and_a_stale_lock_is_taken_over
     with pytest.warns(UserWarning, match="stale lock"):
         train(cfg)  # the owner is gone: the lock is stale, the run proceeds and releases it at the end
     assert not lock.exists() and (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_resume_accepts_a_run_folder(tmp_path):
+    from vagen.trainer.run import resume_point
+
+    first = config([*TEXT, "trainer.iterations=2", "trainer.save_every=1"], tmp_path / "a")
+    train(first)
+    cfg = config([*TEXT, "trainer.iterations=3", f"trainer.resume={first.run_dir}"], tmp_path / "b")
+    assert resume_point(cfg).name == "iter_000002"
+    with pytest.raises(ValueError, match="is not a folder"):
+        resume_point(config([*TEXT, f"trainer.resume={tmp_path / 'missing'}"]))

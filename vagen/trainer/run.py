@@ -25,7 +25,12 @@ def resume_point(cfg: DictConfig) -> Path | None:
         return latest_checkpoint(Path(cfg.run_dir))
     path = Path(resume)
     if not path.is_dir():
-        raise ValueError(f"trainer.resume={resume!r} is not a checkpoint folder; use auto, never or a folder path.")
+        raise ValueError(f"trainer.resume={resume!r} is not a folder; use auto, never, a run folder or a checkpoint.")
+    if (path / "checkpoints").is_dir():  # a run folder: continue its latest complete checkpoint
+        latest = latest_checkpoint(path)
+        if latest is None:
+            raise ValueError(f"trainer.resume={resume!r} is a run folder without a complete checkpoint.")
+        return latest
     return path
 
 
