@@ -110,6 +110,16 @@ def test_resume_is_exact(tmp_path):
         (["env=sokoban_visual", "model=tiny_text_test", *FAST], "reads text only"),
         ([*TEXT, "algorithm.loss_agg=mean"], "Unknown algorithm.loss_agg"),
         ([*TEXT, "trainer.micro_batch_size=8"], "micro_batch_size"),
+        ([*TEXT, "trainer.mini_batch_size=4", "trainer.micro_batch_size=3"], "must divide"),
+        ([*TEXT, "trainer.iterations=0"], "trainer.iterations=0 must be a whole number >= 1"),
+        ([*TEXT, "trainer.lr=0"], "must be > 0"),
+        ([*TEXT, "trainer.save_every=0"], "trainer.save_every=0"),
+        ([*TEXT, "trainer.keep_checkpoints=0"], "trainer.keep_checkpoints=0"),
+        ([*TEXT, "rollout.temperature=-1"], "rollout.temperature=-1"),
+        ([*TEXT, "rollout.top_p=0"], "rollout.top_p=0"),
+        ([*TEXT, "device=tpu"], "Unknown device='tpu'"),
+        ([*TEXT, "logger.wandb_mode=cloud"], "Unknown logger.wandb_mode"),
+        ([*TEXT, "filter=top_p", "filter.value=1.5"], "top_p needs value in"),
     ],
 )
 def test_incompatible_configs_fail_before_any_model_loads(overrides, message, monkeypatch):

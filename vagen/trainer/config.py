@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+from omegaconf import OmegaConf
+
 from vagen.algos.advantages import ADVANTAGE_ESTIMATORS
 from vagen.algos.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
 from vagen.engines import ENGINES
@@ -20,6 +23,49 @@ def _choice(value: Any, valid: list[str], key: str) -> None:
         raise ValueError(f"Unknown {key}={value!r}; valid: {valid}.")
 
 
+POSITIVE_INTEGERS = (
+    "trainer.iterations",
+    "trainer.groups",
+    "trainer.group_size",
+    "trainer.ppo_epochs",
+    "trainer.mini_batch_size",
+    "trainer.micro_batch_size",
+    "trainer.save_every",
+    "trainer.keep_checkpoints",
+    "rollout.max_new_tokens",
+    "rollout.max_context_tokens",
+)
+DEVICES = ("auto", "cpu", "cuda")
+WANDB_MODES = ("offline", "online", "disabled")
+
+
+def _check_numbers(cfg: Any) -> None:
+    """Every numeric option in its range, before anything runs (else: a raw ZeroDivisionError mid-run, or a
+    silent no-op run for iterations=0 / lr=0)."""
+    for key in POSITIVE_INTEGERS:
+        value = OmegaConf.select(cfg, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{key}={value!r} must be a whole number >= 1.")
+    trainer, rollout = cfg.trainer, cfg.rollout
+    if not trainer.lr > 0 or not trainer.critic_lr > 0:
+        raise ValueError(f"trainer.lr={trainer.lr} and trainer.critic_lr={trainer.critic_lr} must be > 0.")
+    if trainer.mini_batch_size % trainer.micro_batch_size:
+        raise ValueError(
+            f"trainer.micro_batch_size={trainer.micro_batch_size} must divide trainer.mini_batch_size="
+            f"{trainer.mini_batch_size} (micro-batches accumulate into one mini-batch)."
+        )
+    if not rollout.temperature >= 0:
+        raise ValueError(f"rollout.temperature={rollout.temperature} must be >= 0 (0 = greedy).")
+    if not 0 < rollout.top_p <= 1:
+        raise ValueError(f"rollout.top_p={rollout.top_p} must be in (0, 1] (1 = no nucleus truncation).")
+    _choice(cfg.device, list(DEVICES), "device")
+    _choice(cfg.logger.wandb_mode, list(WANDB_MODES), "logger.wandb_mode")
+    # The strategy checks its own parameter (with its own fix in the message): ask it now, on a dummy group.
+    FILTER_STRATEGIES.get(cfg.filter.strategy)(
+        torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.bool), float(cfg.filter.value)
+    )
+
+
 def validate_config(cfg: Any) -> None:
     """Raise `ValueError` for an incompatible combination of options, naming the option to change."""
     algo, trainer, rollout, filt = cfg.algorithm, cfg.trainer, cfg.rollout, cfg.filter
@@ -30,6 +76,7 @@ def validate_config(cfg: Any) -> None:
     _choice(filt.stat, SPREAD_STATS.names(), "filter.stat")
     _choice(filt.empty_policy, list(EMPTY_POLICIES), "filter.empty_policy")
     _choice(rollout.engine, ENGINES.names(), "rollout.engine")
+    _check_numbers(cfg)
     if algo.advantage in CRITIC_ESTIMATORS and not algo.critic:
         raise ValueError(
             f"algorithm.advantage={algo.advantage} needs a value model: set algorithm.critic=true "
