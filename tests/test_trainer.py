@@ -234,3 +234,21 @@ def test_resume_accepts_a_run_folder(tmp_path):
     assert resume_point(cfg).name == "iter_000002"
     with pytest.raises(ValueError, match="is not a folder"):
         resume_point(config([*TEXT, f"trainer.resume={tmp_path / 'missing'}"]))
+
+
+def test_explained_variance_is_one_number_from_rollout_time_values(monkeypatch):
+    """critic/explained_variance = 1 − Var[G − V_old]/Var[G] over the whole batch's sampled tokens, once."""
+    from vagen.algos.losses import explained_variance
+
+    seen = {}
+    original = StarPOTrainer.advantages
+
+    def recording(self, batch):
+        out = original(self, batch)
+        seen["expected"] = explained_variance(out[2], out[4], batch.response_mask)
+        return out
+
+    monkeypatch.setattr(StarPOTrainer, "advantages", recording)
+    trainer = StarPOTrainer(config([*TEXT, "algorithm=ppo", "trainer.groups=2", "trainer.group_size=4"]))
+    metrics = trainer.train_iteration()
+    assert metrics["critic/explained_variance"] == pytest.approx(float(seen["expected"]), nan_ok=True)

@@ -20,7 +20,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from vagen.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageParams, masked_whiten
-from vagen.algos.losses import aggregate_loss, aggregation_share, kl_penalty, policy_loss, value_loss
+from vagen.algos.losses import (
+    aggregate_loss,
+    aggregation_share,
+    explained_variance,
+    kl_penalty,
+    policy_loss,
+    value_loss,
+)
 from vagen.engines import EngineSource, SamplingParams, build_engine
 from vagen.env import make_env
 from vagen.filtering import apply_empty_policy, select_groups
@@ -298,6 +305,10 @@ class StarPOTrainer:
         stats = UpdateStats.empty()
         mask = batch.response_mask
         stats.add("rollout", {"advantage_abs_mean": (advantages.abs() * mask).sum() / mask.sum().clamp(min=1)})
+        if old_values is not None:
+            # Once per iteration, over the whole batch, from the values the advantages were built with (not from
+            # per-micro-batch values that are being updated, averaged).
+            stats.add("critic", {"explained_variance": explained_variance(old_values, returns, mask)})
         if self.cfg.rollout.temperature == 1.0:
             # Engines report raw (T = 1) log-probs; at T = 1 the trainer scores the same distribution, so any
             # gap on the sampled tokens is a rollout/training mismatch (precision, kernels, inputs).
@@ -371,6 +382,7 @@ class StarPOTrainer:
             )
             (v_loss * aggregation_share(mb.response_mask, whole_mask, "token-mean")).backward()
             stats.add("loss", {"value": v_loss})
+            v_metrics.pop("explained_variance")  # logged once per iteration in `update`
             stats.add("critic", v_metrics)
 
     def _optimizer_step(self, stats: UpdateStats) -> None:
