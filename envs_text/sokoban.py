@@ -276,6 +276,10 @@ class SokobanTextEnv(LanguageEnv):
     Rewards:
         -0.1 per executed action, +1 for a box onto a target, -1 for a box off a target, +10 when
         all boxes are on targets. A push into a wall or a second box does nothing but still costs -0.1.
+        With `distance_shaping` = c > 0, each action also earns c · (d before − d after), where d is the
+        solver's fewest-moves distance to the solution (`2 · (height + width)` from a dead end): a
+        potential-based shaping (Ng, Harada & Russell 1999) that keeps the optimal policies and gives a
+        failed episode a graded return (how close it got) instead of only step costs.
     Episode end:
         terminated when all boxes are on targets; truncated after `max_steps` actions or `max_turns` turns.
     """
@@ -291,9 +295,13 @@ class SokobanTextEnv(LanguageEnv):
         num_boxes: int = 1,
         max_steps: int = 100,
         level_set: str | None = None,
+        distance_shaping: float = 0.0,
         **base_kwargs: Any,
     ) -> None:
         super().__init__(**base_kwargs)
+        if not distance_shaping >= 0:
+            raise ValueError(f"distance_shaping must be >= 0 (0 = off), got {distance_shaping}.")
+        self.distance_shaping = float(distance_shaping)
         if len(dim_room) != 2 or min(dim_room) < 5:
             raise ValueError(f"dim_room must be (height, width) with both >= 5, got {dim_room!r}.")
         if num_boxes < 1:
@@ -348,6 +356,7 @@ class SokobanTextEnv(LanguageEnv):
         self._player = level.player[0] * self._width + level.player[1]
         self._boxes_on_target = sum(self._fixed[cell] == TARGET for cell in self._boxes)
         self._steps = 0
+        self._distance = self._solution_distance() if self.distance_shaping else 0
 
     def _apply(self, action: str) -> ActionResult:
         if self._steps >= self.max_steps:
@@ -369,6 +378,9 @@ class SokobanTextEnv(LanguageEnv):
                     reward += BOX_ON_TARGET_REWARD
                     self._boxes_on_target += 1
                 self._player, effective = ahead, True
+        if self.distance_shaping and effective:
+            distance, self._distance = self._distance, self._solution_distance()
+            reward += self.distance_shaping * (distance - self._distance)
         success = self._boxes_on_target == len(boxes)
         if success:
             reward += SUCCESS_REWARD
@@ -376,6 +388,13 @@ class SokobanTextEnv(LanguageEnv):
         return ActionResult(
             reward=reward, effective=effective, terminated=success, truncated=out_of_steps, success=success
         )
+
+    def _solution_distance(self) -> int:
+        """Fewest moves to solve from here; 0 when solved, `2 · (height + width)` from a dead end."""
+        if self._boxes_on_target == len(self._boxes):
+            return 0
+        plan = self.solver_actions()
+        return len(plan) if plan else 2 * sum(self._layout.shape)
 
     def current_level(self) -> SokobanLevel:
         """The current position as a level (fixed layout, box cells, player cell)."""

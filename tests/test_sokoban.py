@@ -147,6 +147,23 @@ def test_success_reward_and_termination():
     assert info["actions"] == ["Right", "Right"]  # nothing runs after the level is solved
 
 
+def test_distance_shaping_telescopes_and_prices_dead_ends():
+    """c · (d before − d after) per action: a solving episode earns c · d0 on top of the plain rewards; pushing
+    the box into a corner (no solution left) costs c · (dead-end distance − d0)."""
+    level = "#######\n#_____#\n#_PX_O#\n#_____#\n#######"
+    plain, shaped = start(level), start(level, distance_shaping=0.5)
+    assert shaped.unwrapped._solution_distance() == 2
+    _, r_plain, *_ = plain.step(answer("Right", "Right"))
+    _, r_shaped, terminated, _, info = shaped.step(answer("Right", "Right"))
+    assert terminated and info["success"] and r_shaped == pytest.approx(r_plain + 0.5 * 2)
+    cornered = start("######\n#____#\n#_XP_#\n#___O#\n######", distance_shaping=0.5)
+    d0 = cornered.unwrapped._solution_distance()
+    _, reward, *_ = cornered.step(answer("Left"))  # box into the left wall: no solution left
+    assert reward == pytest.approx(-0.1 + 0.5 * (d0 - 2 * (5 + 6)))
+    with pytest.raises(ValueError, match="distance_shaping"):
+        make_env(distance_shaping=-1.0)
+
+
 def test_max_steps_truncates_and_stops_the_turn():
     env = start("######\n#PX_O#\n######", max_steps=3)
     _, reward, terminated, truncated, info = env.step(answer("Up", "Up", "Up", "Right"))
