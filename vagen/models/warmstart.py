@@ -63,10 +63,10 @@ SOKOBAN_VISUAL = {
     "max_actions_per_turn": 3,
     "response_format": "free_think",
 }
-HELD_OUT_FIRST_SEED = 1_000_000
+HELD_OUT_FIRST_SEED = 1_000_000  # training seeds are 0..train_episodes-1: never overlapping
 # Finished builds committed with the package (weights, processor, report.json and the stamp of the recipe that
 # built them), so first contact skips the ~15-minute build; used only while the recipe is unchanged.
-SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"  # training seeds are 0..train_episodes-1: never overlapping
+SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
 
 
 @dataclass(frozen=True)

@@ -256,7 +256,7 @@ class StarPOTrainer:
         metrics["optim/lr"] = self.optimizers["policy"].param_groups[0]["lr"]
         if kept:
             batch = trajectories_to_batch(kept, pad_token_id=self.policy.tokenizer.pad_token_id or 0)
-            before = [p.detach().clone() for p in self.trainable_parameters()]
+            before = [p.detach().to("cpu", copy=True) for p in self.trainable_parameters()]  # host memory
             metrics.update(self.update(batch))
             metrics["policy/update_norm"] = relative_change(before, self.trainable_parameters())
         metrics.update(self.monitor.echo(float(group_std.mean()), metrics))
@@ -436,7 +436,7 @@ class StarPOTrainer:
 
 def relative_change(before: list[torch.Tensor], after: list[torch.Tensor]) -> float:
     """‖θ_after − θ_before‖ / ‖θ_before‖ over all given tensors: how far one update moved the weights."""
-    moved = sum(float((a.detach() - b).float().pow(2).sum()) for a, b in zip(after, before, strict=True))
+    moved = sum(float((a.detach().cpu() - b).float().pow(2).sum()) for a, b in zip(after, before, strict=True))
     size = sum(float(b.float().pow(2).sum()) for b in before)
     return (moved / max(size, 1e-30)) ** 0.5
 
