@@ -58,6 +58,7 @@ def test_starpo_s_run_logs_every_diagnostic(tmp_path):
         "logger.wandb_mode=disabled",
         "logger.progress=false",
         "trainer.viz_every=0",
+        "trainer.eval_every=0",
         f"run_dir={tmp_path / 'run'}",
     ]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):

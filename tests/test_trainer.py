@@ -110,7 +110,7 @@ def test_resume_is_exact(tmp_path):
         (["env=sokoban_visual", "model=tiny_text_test", *FAST], "reads text only"),
         ([*TEXT, "algorithm.loss_agg=mean"], "Unknown algorithm.loss_agg"),
         ([*TEXT, "trainer.micro_batch_size=8"], "micro_batch_size"),
-        ([*TEXT, "trainer.mini_batch_size=4", "trainer.micro_batch_size=3"], "must divide"),
+        ([*TEXT, "trainer.micro_batch_size=0"], "trainer.micro_batch_size=0 must be a whole number >= 1"),
         ([*TEXT, "trainer.iterations=0"], "trainer.iterations=0 must be a whole number >= 1"),
         ([*TEXT, "trainer.lr=0"], "must be > 0"),
         ([*TEXT, "trainer.save_every=0"], "trainer.save_every=0"),

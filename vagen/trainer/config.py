@@ -49,11 +49,6 @@ def _check_numbers(cfg: Any) -> None:
     trainer, rollout = cfg.trainer, cfg.rollout
     if not trainer.lr > 0 or not trainer.critic_lr > 0:
         raise ValueError(f"trainer.lr={trainer.lr} and trainer.critic_lr={trainer.critic_lr} must be > 0.")
-    if trainer.mini_batch_size % trainer.micro_batch_size:
-        raise ValueError(
-            f"trainer.micro_batch_size={trainer.micro_batch_size} must divide trainer.mini_batch_size="
-            f"{trainer.mini_batch_size} (micro-batches accumulate into one mini-batch)."
-        )
     if not rollout.temperature >= 0:
         raise ValueError(f"rollout.temperature={rollout.temperature} must be >= 0 (0 = greedy).")
     if not 0 < rollout.top_p <= 1:
