@@ -252,3 +252,21 @@ def test_explained_variance_is_one_number_from_rollout_time_values(monkeypatch):
     trainer = StarPOTrainer(config([*TEXT, "algorithm=ppo", "trainer.groups=2", "trainer.group_size=4"]))
     metrics = trainer.train_iteration()
     assert metrics["critic/explained_variance"] == pytest.approx(float(seen["expected"]), nan_ok=True)
+
+
+def test_the_trainer_scores_the_distribution_it_sampled_from():
+    """At rollout.temperature=0.7 the PPO log-probs are log softmax(logits / 0.7) of the sampled ids (the sampling
+    policy before top-p truncation), not the model's T = 1 distribution; at T = 1 they equal the engine's."""
+    from vagen.trainer.forward import batched_logprobs
+
+    trainer = StarPOTrainer(config([*TEXT, "rollout.temperature=0.7", "trainer.groups=2", "trainer.group_size=2"]))
+    batch = starpo.trajectories_to_batch(trainer.rollout(), pad_token_id=trainer.policy.tokenizer.pad_token_id or 0)
+    scored = batched_logprobs(trainer.model, batch, trainer.policy.processor, micro_batch=4, temperature=0.7)
+    with torch.no_grad():  # right-padded rows: default positions 0..T-1 are the real positions
+        logits = trainer.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    direct = torch.log_softmax(logits[:, :-1].float() / 0.7, dim=-1).gather(-1, batch.input_ids[:, 1:, None])[..., 0]
+    mask = batch.response_mask[:, 1:].bool()
+    torch.testing.assert_close(scored[:, 1:][mask], direct[mask], atol=1e-5, rtol=0)
+    at_one = batched_logprobs(trainer.model, batch, trainer.policy.processor, micro_batch=4, temperature=1.0)
+    torch.testing.assert_close(at_one[batch.response_mask.bool()], batch.rollout_logprobs[batch.response_mask.bool()])
+    assert not torch.allclose(scored[:, 1:][mask], at_one[:, 1:][mask], atol=1e-3)
