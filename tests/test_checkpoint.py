@@ -127,22 +127,29 @@ def test_keep_last_retains_newest_complete_checkpoints(tmp_path):
         _save(tmp_path, 6, *objects, keep_last=0)
 
 
-def test_incomplete_folder_is_ignored_and_refused_with_hint(tmp_path):
+def test_damaged_marker_stops_with_the_folder_named_and_nothing_deleted(tmp_path):
+    """Saves rename a finished temp folder into place, so an `iter_*` folder without a readable marker is damage:
+    skipping it would restart the run and overwrite it. It stops with the folder and the fix, and stays on disk."""
     objects = _objects()
     assert latest_checkpoint(tmp_path) is None
     good = _save(tmp_path, 1, *objects)
     broken = _save(tmp_path, 2, *objects)
+    (tmp_path / "checkpoints" / ".tmp-iter_000003-abc").mkdir()  # a save killed by SIGKILL: not a checkpoint
+    (broken / ckpt.MARKER_FILENAME).write_text('{"iteration": 2, "file_si')  # damaged
+    with pytest.raises(ValueError, match=r"iter_000002 has a missing or damaged complete\.json.*move that folder"):
+        latest_checkpoint(tmp_path)
+    with pytest.raises(ValueError, match="damaged"):
+        _save(tmp_path, 3, *objects)  # the keep_last clean-up must not delete what it cannot read
+    assert broken.is_dir() and (broken / "modules").is_dir()
     (broken / ckpt.MARKER_FILENAME).unlink()
-    (tmp_path / "checkpoints" / ".tmp-iter_000003-abc").mkdir()  # a save killed by SIGKILL
-
-    assert latest_checkpoint(tmp_path) == good
     with pytest.raises(ValueError, match=r"Incomplete checkpoint .*interrupted while saving") as error:
         _load(broken, *_objects())
     assert f"resume from {good}" in str(error.value)
 
-    newest = _save(tmp_path, 3, *objects)
-    assert latest_checkpoint(tmp_path) == newest
+    broken.rename(tmp_path / "inspect-later")  # the fix the message gives
+    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "iter_000003"
     assert not (tmp_path / "checkpoints" / ".tmp-iter_000003-abc").exists()  # leftovers are cleaned on the next save
+    assert good.is_dir()
 
 
 def test_corrupted_weights_give_a_clear_error_and_change_nothing(tmp_path):

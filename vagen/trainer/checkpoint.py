@@ -259,20 +259,34 @@ def _read_marker(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def complete_checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoint folders of a run, oldest first (by iteration number)."""
+def _checkpoint_folders(run_dir: Path) -> list[tuple[int, Path, bool]]:
+    """(iteration, folder, marker readable) of every `iter_*` folder of a run, oldest first."""
     parent = Path(run_dir) / CHECKPOINTS_DIRNAME
     if not parent.is_dir():
         return []
     found = []
     for path in parent.iterdir():
         match = _CHECKPOINT_NAME.match(path.name)
-        if match and path.is_dir() and (path / MARKER_FILENAME).is_file():
-            if _read_marker(path) is None:
-                warnings.warn(f"Ignoring checkpoint {path}: its {MARKER_FILENAME} is unreadable.", stacklevel=2)
-                continue
-            found.append((int(match.group(1)), path))
-    return [path for _, path in sorted(found)]
+        if match and path.is_dir():
+            found.append((int(match.group(1)), path, _read_marker(path) is not None))
+    return sorted(found)
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoint folders of a run, oldest first (by iteration number).
+
+    Saves write a temp folder and rename it whole, so an `iter_*` folder without a readable marker is damage, not
+    an unfinished save. Skipping it would restart the run and later overwrite it, so this raises instead.
+    """
+    folders = _checkpoint_folders(run_dir)
+    for _, path, readable in folders:
+        if not readable:
+            raise ValueError(
+                f"Checkpoint {path} has a missing or damaged {MARKER_FILENAME}, so it cannot be trusted; it was "
+                f"left untouched. Fix: move that folder out of {path.parent} (keep it if you want to inspect it), "
+                "then rerun to continue from the previous complete checkpoint, or restore the marker."
+            )
+    return [path for _, path, _ in folders]
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -286,8 +300,8 @@ def _previous_hint(path: Path) -> str:
     iteration = int(match.group(1)) if match else None
     earlier = [
         other
-        for other in complete_checkpoints(path.parent.parent)
-        if iteration is None or int(_CHECKPOINT_NAME.match(other.name).group(1)) < iteration
+        for number, other, readable in _checkpoint_folders(path.parent.parent)
+        if readable and (iteration is None or number < iteration)
     ]
     return f"resume from {earlier[-1]}" if earlier else "start the run afresh (no earlier complete checkpoint)"
 
@@ -297,12 +311,15 @@ def _check_marker(path: Path, fingerprint: dict[str, Any] | None) -> dict[str, A
         raise ValueError(f"No checkpoint folder at {path}. Fix: pass a folder returned by latest_checkpoint(run_dir).")
     if not (path / MARKER_FILENAME).is_file():
         raise ValueError(
-            f"Incomplete checkpoint {path} (no {MARKER_FILENAME}), probably interrupted while saving; "
-            f"delete it or {_previous_hint(path)}."
+            f"Incomplete checkpoint {path} (no {MARKER_FILENAME}), probably interrupted while saving or damaged; "
+            f"move it out of the run folder and {_previous_hint(path)}."
         )
     marker = _read_marker(path)
     if marker is None:
-        raise ValueError(f"{path / MARKER_FILENAME} is unreadable or corrupt; delete {path} or {_previous_hint(path)}.")
+        raise ValueError(
+            f"{path / MARKER_FILENAME} is unreadable or corrupt; move {path} out of the run folder and "
+            f"{_previous_hint(path)}."
+        )
     if fingerprint is not None:
         saved, current = marker.get("fingerprint", {}), _json_ready(fingerprint)
         differing = sorted(
@@ -323,7 +340,7 @@ def _check_marker(path: Path, fingerprint: dict[str, Any] | None) -> dict[str, A
             actual = file.stat().st_size if file.is_file() else "missing"
             raise ValueError(
                 f"Checkpoint file {file} is corrupt or truncated (expected {size} bytes, found {actual}); "
-                f"delete {path} or {_previous_hint(path)}."
+                f"move {path} out of the run folder and {_previous_hint(path)}."
             )
     return marker
 
@@ -342,7 +359,7 @@ def _torch_load(file: Path, checkpoint: Path) -> Any:
     except Exception as error:
         raise ValueError(
             f"Cannot read checkpoint file {file} ({type(error).__name__}: {error}); it is corrupt or not from "
-            f"vagen. Fix: delete {checkpoint} or {_previous_hint(checkpoint)}."
+            f"vagen. Fix: move {checkpoint} out of the run folder and {_previous_hint(checkpoint)}."
         ) from error
 
 
@@ -354,7 +371,7 @@ def _check_module_file(name: str, module: torch.nn.Module, file: Path, checkpoin
     except Exception as error:
         raise ValueError(
             f"Cannot read weights {file} ({type(error).__name__}: {error}); the file is corrupt. "
-            f"Fix: delete {checkpoint} or {_previous_hint(checkpoint)}."
+            f"Fix: move {checkpoint} out of the run folder and {_previous_hint(checkpoint)}."
         ) from error
     current = {key: tuple(tensor.shape) for key, tensor in module.state_dict().items()}
     unexpected = sorted(set(saved_shapes) - set(current))
