@@ -280,3 +280,12 @@ def test_boxoban_parses_box_and_player_on_target():
     level = parse_level(["#####", "#+$*#", "#####"])
     assert level.player == (1, 1) and level.boxes == ((1, 2), (1, 3))
     assert level.text() == "#####\n#SX√#\n#####"
+
+
+def test_actions_beyond_the_turn_limit_are_counted_and_priced():
+    env = start("#######\n#P____#\n#_X_O_#\n#_____#\n#######", max_actions_per_turn=2)
+    _, reward, _, _, info = env.step(answer("Right", "Right", "Down", "Down"))
+    assert info["actions"] == ["Right", "Right"] and info["dropped_actions"] == 2
+    assert reward == pytest.approx(-0.2 + env.format_penalty) and "beyond max_actions_per_turn=2" in info["error"]
+    _, reward, _, _, info = env.step(answer("Left"))
+    assert info["dropped_actions"] == 0 and info["error"] is None and reward == pytest.approx(-0.1)

@@ -18,7 +18,7 @@ from PIL import Image
 from vagen.env.observation import IMAGE_PLACEHOLDER, OBSERVATION_MODES, Observation
 from vagen.env.parsing import RESPONSE_FORMATS, format_instructions, match_actions, parse_response
 
-INFO_KEYS = ("success", "format_ok", "action_is_valid", "action_is_effective", "actions", "error")
+INFO_KEYS = ("success", "format_ok", "action_is_valid", "action_is_effective", "actions", "dropped_actions", "error")
 
 
 @dataclass(frozen=True)
@@ -199,6 +199,7 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
             "action_is_valid": True,
             "action_is_effective": False,
             "actions": [],
+            "dropped_actions": 0,
             "error": None,
         }
         return self._observation(f"{self.instructions}\n"), info
@@ -221,6 +222,10 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
         error = parsed.error or turn.error
         if (invalid or turn.invalid) and error is None:
             error = f"invalid action(s) {invalid!r}; valid: {list(self.action_names or [])}"
+        if parsed.dropped_actions and error is None:  # never silently: counted, and priced like a format error
+            error = (
+                f"{parsed.dropped_actions} action(s) beyond max_actions_per_turn={self.max_actions_per_turn} ignored"
+            )
         reward = turn.reward + (self.format_penalty if error else 0.0)
         truncated = not turn.terminated and (turn.budget_out or self._turn >= self.max_turns)
         self._done = turn.terminated or truncated
@@ -230,6 +235,7 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
             "action_is_valid": parsed.format_ok and not (invalid or turn.invalid),
             "action_is_effective": turn.effective,
             "actions": turn.executed,
+            "dropped_actions": parsed.dropped_actions,
             "error": error,
         }
         feedback = f"Executed: {', '.join(turn.executed) or 'nothing'}. Reward: {reward:g}."
