@@ -152,6 +152,20 @@ def test_damaged_marker_stops_with_the_folder_named_and_nothing_deleted(tmp_path
     assert good.is_dir()
 
 
+def test_same_size_corruption_inside_the_tensor_data_is_caught_by_the_checksum(tmp_path):
+    """Bytes flipped in the weights (the header intact, so safetensors parses it) used to load silently."""
+    path = _save(tmp_path, 1, *_objects())
+    weights = path / "modules" / "policy.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-8:] = bytes(255 - b for b in data[-8:])
+    weights.write_bytes(bytes(data))
+    fresh = _objects(seed=3)
+    before = [parameter.clone() for parameter in fresh[0].parameters()]
+    with pytest.raises(ValueError, match=r"policy\.safetensors is corrupt \(its sha256 differs"):
+        _load(path, *fresh)
+    assert all(torch.equal(a, b) for a, b in zip(before, fresh[0].parameters(), strict=True))
+
+
 def test_corrupted_weights_give_a_clear_error_and_change_nothing(tmp_path):
     objects = _objects()
     path = _save(tmp_path, 1, *objects)
@@ -173,7 +187,7 @@ def test_corrupted_optimizer_file_gives_a_clear_error(tmp_path):
     path = _save(tmp_path, 1, *_objects())
     optimizer_file = path / "optimizers.pt"
     optimizer_file.write_bytes(bytes(optimizer_file.stat().st_size))
-    with pytest.raises(ValueError, match=r"Cannot read checkpoint file .*optimizers\.pt"):
+    with pytest.raises(ValueError, match=r"optimizers\.pt is corrupt"):
         _load(path, *_objects())
 
 

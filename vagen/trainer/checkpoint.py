@@ -7,7 +7,7 @@ Layout of one checkpoint, `run_dir/checkpoints/iter_{iteration:06d}/`:
     schedulers.pt                {name: scheduler.state_dict()}
     state.pt                     the trainer's plain-python `state` (ints, floats, small tensors, ...)
     rng.pt                       python `random`, numpy global, torch CPU (and CUDA) generator states
-    complete.json                written LAST: iteration, time, vagen version, fingerprint, file sizes
+    complete.json                written LAST: iteration, time, vagen version, fingerprint, file sizes and sha256
 
 Everything is written into a hidden temp folder beside the final one and renamed into place only
 after `complete.json` exists, so a crash or Ctrl-C mid-save never leaves a folder that looks
@@ -20,6 +20,7 @@ or carried in `state` (e.g. `torch.Generator.get_state()` of a private generator
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -162,8 +163,17 @@ def _write_contents(
     torch.save(_rng_states(), folder / "rng.pt")
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def _write_marker(folder: Path, iteration: int, fingerprint: dict[str, Any]) -> None:
-    sizes = {str(path.relative_to(folder)): path.stat().st_size for path in sorted(folder.rglob("*")) if path.is_file()}
+    files = [path for path in sorted(folder.rglob("*")) if path.is_file()]
+    sizes = {str(path.relative_to(folder)): path.stat().st_size for path in files}
     marker = {
         "iteration": iteration,
         "time": time.time(),
@@ -171,6 +181,8 @@ def _write_marker(folder: Path, iteration: int, fingerprint: dict[str, Any]) -> 
         "vagen_version": vagen.__version__,
         "fingerprint": fingerprint,
         "file_sizes": sizes,
+        # Same-size corruption (a flipped block) passes the size check and would load as NaN weights.
+        "file_sha256": {str(path.relative_to(folder)): _sha256(path) for path in files},
     }
     (folder / MARKER_FILENAME).write_text(json.dumps(marker, indent=2, sort_keys=True))
 
@@ -341,6 +353,12 @@ def _check_marker(path: Path, fingerprint: dict[str, Any] | None) -> dict[str, A
             raise ValueError(
                 f"Checkpoint file {file} is corrupt or truncated (expected {size} bytes, found {actual}); "
                 f"move {path} out of the run folder and {_previous_hint(path)}."
+            )
+    for name, expected in marker.get("file_sha256", {}).items():
+        if _sha256(path / name) != expected:
+            raise ValueError(
+                f"Checkpoint file {path / name} is corrupt (its sha256 differs from the one recorded when it was "
+                f"saved); move {path} out of the run folder and {_previous_hint(path)}."
             )
     return marker
 
