@@ -270,3 +270,14 @@ def test_the_trainer_scores_the_distribution_it_sampled_from():
     at_one = batched_logprobs(trainer.model, batch, trainer.policy.processor, micro_batch=4, temperature=1.0)
     torch.testing.assert_close(at_one[batch.response_mask.bool()], batch.rollout_logprobs[batch.response_mask.bool()])
     assert not torch.allclose(scored[:, 1:][mask], at_one[:, 1:][mask], atol=1e-3)
+
+
+def test_resume_keeps_each_segments_config_and_refuses_a_changed_task(tmp_path):
+    train(config([*TEXT, "trainer.iterations=1", "trainer.save_every=1"], tmp_path))
+    train(config([*TEXT, "trainer.iterations=2", "trainer.save_every=1", "trainer.lr=3e-5"], tmp_path))
+    run_dir = tmp_path / "run"
+    assert "lr: 3.0e-05" in (run_dir / "config.yaml").read_text()
+    first_segment = (run_dir / "config.until_iter_000001.yaml").read_text()
+    assert "iterations: 1" in first_segment and "lr: 2.0e-05" in first_segment
+    with pytest.raises(ValueError, match="env_kwargs"):
+        train(config([*TEXT, "trainer.iterations=3", "env.kwargs.format_penalty=-0.5"], tmp_path))

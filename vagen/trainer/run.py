@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -65,6 +66,17 @@ def save_sample_gifs(trajectories: list[Trajectory], cfg: DictConfig, folder: Pa
     return paths
 
 
+def save_segment_config(cfg: DictConfig, run_dir: Path, iteration: int) -> Path:
+    """Write `run_dir/config.yaml`; a different config already there (an earlier segment of a resumed run) is kept
+    as `config.until_iter_NNNNNN.yaml` instead of being overwritten."""
+    path = run_dir / "config.yaml"
+    text = OmegaConf.to_yaml(cfg, resolve=True)
+    if path.exists() and path.read_text() != text:
+        os.replace(path, run_dir / f"config.until_iter_{iteration:06d}.yaml")
+    path.write_text(text)
+    return path
+
+
 def held_out_line(first: dict[str, float], last: dict[str, float]) -> str:
     """`held-out success 44.9% -> 61.3% (256 episodes)`, from two `val/` metric dicts."""
     return (
@@ -101,7 +113,7 @@ def _train_locked(trainer: StarPOTrainer, cfg: DictConfig) -> Path:
     checkpoint = resume_point(cfg)
     if checkpoint is not None:
         restore_checkpoint(trainer, checkpoint)
-    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    save_segment_config(cfg, run_dir, trainer.iteration)
     total, every = cfg.trainer.iterations, cfg.trainer
     logger = MetricsLogger(
         run_dir,

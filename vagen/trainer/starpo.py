@@ -424,6 +424,7 @@ class StarPOTrainer:
             "critic": bool(cfg.algorithm.critic),
             "lora": bool(cfg.trainer.lora.enabled),
             "env": cfg.env.name,
+            "env_kwargs": OmegaConf.to_container(cfg.env.kwargs, resolve=True),  # the task itself
         }
 
     def config_dict(self) -> dict[str, Any]:
