@@ -2,7 +2,11 @@
 
 Every option is in configs/ (train.yaml and its groups env/, model/, algorithm/, filter/, rollout/,
 logger/); the run's config, metrics.jsonl, checkpoints and GIFs go to `run_dir`.
+A configuration or checkpoint problem ends with one line naming the cause and the fix (exit 2), and
+Ctrl-C with the last complete checkpoint (exit 130), without a traceback.
 """
+
+import sys
 
 import hydra
 from omegaconf import DictConfig
@@ -12,7 +16,13 @@ from vagen.trainer.run import train
 
 @hydra.main(config_path="../configs", config_name="train", version_base=None)
 def main(cfg: DictConfig) -> None:
-    run_dir = train(cfg)
+    try:
+        run_dir = train(cfg)
+    except ValueError as error:  # user errors: every one says what to change
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:  # the trainer has already printed the last complete checkpoint
+        sys.exit(130)
     print(f"Run folder: {run_dir}")
 
 

@@ -281,3 +281,15 @@ def test_resume_keeps_each_segments_config_and_refuses_a_changed_task(tmp_path):
     assert "iterations: 1" in first_segment and "lr: 2.0e-05" in first_segment
     with pytest.raises(ValueError, match="env_kwargs"):
         train(config([*TEXT, "trainer.iterations=3", "env.kwargs.format_penalty=-0.5"], tmp_path))
+
+
+def test_train_script_reports_a_config_error_in_one_line_without_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "train.py"
+    overrides = [*TEXT, "trainer.iterations=0", f"run_dir={tmp_path / 'run'}"]
+    result = subprocess.run([sys.executable, str(script), *overrides], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert "error: trainer.iterations=0 must be a whole number >= 1." in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout

@@ -159,7 +159,8 @@ def _train_locked(trainer: StarPOTrainer, cfg: DictConfig) -> Path:
                 save_sample_gifs(sample, cfg, run_dir / "gifs" / f"iter_{trainer.iteration:06d}")
     except KeyboardInterrupt:
         last = latest_checkpoint(run_dir)
-        progress.write(f"Interrupted. Last complete checkpoint: {last or 'none'}; rerun the command to resume.")
+        # Printed even with the progress bar off: it is the one thing to know after Ctrl-C.
+        print(f"Interrupted. Last complete checkpoint: {last or 'none'}; rerun the command to resume.", flush=True)
         raise
     finally:
         progress.close()
