@@ -7,14 +7,18 @@ Ctrl-C with the last complete checkpoint (exit 130), without a traceback.
 """
 
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
+from vagen.trainer.config import check_overrides
 from vagen.trainer.run import train
 
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 
-@hydra.main(config_path="../configs", config_name="train", version_base=None)
+
+@hydra.main(config_path=CONFIG_DIR, config_name="train", version_base=None)
 def main(cfg: DictConfig) -> None:
     try:
         run_dir = train(cfg)
@@ -27,4 +31,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    try:
+        check_overrides(CONFIG_DIR, "train", sys.argv[1:])  # a misspelt option fails here, with the right name
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     main()

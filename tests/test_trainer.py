@@ -293,3 +293,8 @@ def test_train_script_reports_a_config_error_in_one_line_without_a_traceback(tmp
     assert result.returncode == 2
     assert "error: trainer.iterations=0 must be a whole number >= 1." in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+    typo = subprocess.run([sys.executable, str(script), "trainer.iteratons=3"], capture_output=True, text=True)
+    assert (
+        typo.returncode == 2 and "Unknown option 'trainer.iteratons'. Did you mean trainer.iterations?" in typo.stderr
+    )
+    assert "+trainer" not in typo.stderr and "Traceback" not in typo.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -59,6 +60,37 @@ def _check_numbers(cfg: Any) -> None:
     FILTER_STRATEGIES.get(cfg.filter.strategy)(
         torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.bool), float(cfg.filter.value)
     )
+
+
+def _dotted_keys(node: Any, prefix: str = "") -> list[str]:
+    if not isinstance(node, dict):
+        return [prefix[:-1]]
+    return [key for name, value in node.items() for key in _dotted_keys(value, f"{prefix}{name}.")]
+
+
+def check_overrides(config_dir: str, config_name: str, overrides: list[str]) -> None:
+    """Compose the command line's overrides once, turning Hydra's error for a misspelt option (which advises
+    `+key=...`, adding a key nothing reads) into a ValueError that names the closest real option."""
+    import difflib
+
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    plain = [o for o in overrides if not o.startswith(("hydra.", "+", "~", "-")) and "=" in o]
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        try:
+            compose(config_name, overrides=plain)
+        except HydraException as error:
+            match = re.search(r"Could not override '([^']+)'", str(error))
+            if match is None:  # e.g. model=<no such config>: Hydra's message already lists the valid ones
+                raise ValueError(str(error).split("\nConfig search path")[0]) from None
+            key = match.group(1)
+            known = _dotted_keys(OmegaConf.to_container(compose(config_name), resolve=False))
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f" Did you mean {close[0]}?" if close else ""
+            raise ValueError(
+                f"Unknown option {key!r}.{hint} Every option is documented in configs/ (train.yaml and its groups)."
+            ) from None
 
 
 def validate_config(cfg: Any) -> None:
