@@ -57,6 +57,12 @@ class CellStore:
     def __init__(self, folder: Path, model: str, env: str) -> None:
         self.folder, self.model, self.env = Path(folder), model, env
 
+    def _remove_temp_files(self) -> None:
+        """Delete `.tmp-*` files that a killed run left behind (a finished write renames its temp file away)."""
+        for temp in self.folder.glob("**/.tmp-*"):
+            if temp.is_file():
+                temp.unlink(missing_ok=True)
+
     def episode_path(self, index: int, seed: int) -> Path:
         return self.folder / "episodes" / f"ep{index:05d}_seed{seed}.json"
 
@@ -67,8 +73,17 @@ class CellStore:
         """Record `settings` on first use; raise if episodes already here were made with other settings."""
         path = self.folder / "settings.json"
         current = json.loads(json.dumps(settings))  # the JSON view, so tuples and lists compare equal
+        self._remove_temp_files()
         if path.exists():
-            saved = json.loads(path.read_text(encoding="utf-8"))
+            try:
+                saved = json.loads(path.read_text(encoding="utf-8"))
+            except ValueError as error:
+                raise ValueError(
+                    f"{path} is damaged ({error}), so it cannot tell which settings made the episodes beside it. "
+                    f"Fix: evaluate under another name (name=...) or out_dir, or delete {self.folder} to start again."
+                ) from None
+            if not isinstance(saved, dict):
+                raise ValueError(f"{path} is not a settings object; delete {self.folder} to start that cell again.")
             differences = _settings_difference(saved, current)
             if differences:
                 raise ValueError(
@@ -89,7 +104,8 @@ class CellStore:
         except (OSError, ValueError) as error:
             logger.warning("Ignoring unreadable episode file %s (%s); it will be played again.", path, error)
             return None
-        if record.get("format") != RECORD_FORMAT or record.get("seed") != seed or record.get("index") != index:
+        expected = {"format": RECORD_FORMAT, "seed": seed, "index": index}
+        if not isinstance(record, dict) or any(record.get(key) != value for key, value in expected.items()):
             logger.warning("Ignoring %s: not an episode record of this index and seed; it will be played again.", path)
             return None
         return record
