@@ -193,6 +193,24 @@ def test_api_key_goes_in_the_header_and_nowhere_else(monkeypatch):
         assert SECRET not in result.error and result.attempts == 1
 
 
+def test_redaction_hides_the_key_in_any_case_and_json_escaped(monkeypatch):
+    import json
+
+    key = 'sk-AbC"dEf\\9'
+    monkeypatch.setenv("VAGEN_TEST_API_KEY", key)
+    with LocalChatServer() as server:
+        engine = make_engine(server, api_key_env="VAGEN_TEST_API_KEY")
+    redacted = engine._redact(f"upper {key.upper()} json {json.dumps(key)} lower {key.lower()} plain {key}")
+    for form in (key, key.upper(), key.lower(), json.dumps(key)[1:-1]):
+        assert form not in redacted, form
+
+
+def test_a_key_given_as_the_variable_name_is_refused_without_showing_it():
+    with LocalChatServer() as server, pytest.raises(ValueError, match="NAME of an environment variable") as error:
+        make_engine(server, api_key_env=SECRET)
+    assert SECRET not in str(error.value)
+
+
 def test_game_responder_answers_in_the_parsers_format():
     with LocalChatServer(game_responder(["Left", "Up"], seed=0)) as game:
         engine = make_engine(game)

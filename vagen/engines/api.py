@@ -51,6 +51,7 @@ import json
 import logging
 import os
 import random
+import re
 import threading
 import time
 import urllib.error
@@ -394,8 +395,13 @@ class ApiEngine:
             self.total_completion_tokens += generation.completion_tokens or 0
 
     def _redact(self, text: str) -> str:
+        """`text` with the key hidden, also in another case or JSON-escaped (as a server may echo it back)."""
         key = self._api_key.reveal()
-        return text.replace(key, _HIDDEN) if key else text
+        if not key:
+            return text
+        variants = {key, json.dumps(key)[1:-1]}
+        pattern = "|".join(re.escape(variant) for variant in sorted(variants, key=len, reverse=True))
+        return re.sub(pattern, _HIDDEN, text, flags=re.IGNORECASE)
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -422,6 +428,13 @@ def _read_api_key(api_key_env: str | None) -> str:
     """The key from the environment ("" when none is named or set: servers on localhost rarely need one)."""
     if api_key_env is None:
         return ""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", api_key_env):
+        # Not echoed: a value that is not a variable name is most likely the key itself, pasted in the wrong place.
+        raise ValueError(
+            "engine.api_key_env must be the NAME of an environment variable that holds the key (e.g. OPENAI_API_KEY), "
+            "and the value given is not a variable name; it is not shown here in case it is the key. Fix: "
+            "export OPENAI_API_KEY=... and pass engine.api_key_env=OPENAI_API_KEY."
+        )
     key = os.environ.get(api_key_env, "")
     if not key:
         logger.warning("Environment variable %s is not set; requests go without an Authorization header.", api_key_env)
