@@ -275,3 +275,19 @@ def test_tied_weights_model_round_trips(tmp_path):
     for key, tensor in model.state_dict().items():
         assert torch.equal(tensor, fresh.state_dict()[key]), key
     assert fresh.lm_head.weight.data_ptr() == fresh.model.embed_tokens.weight.data_ptr()  # still tied
+
+
+def test_disk_full_while_saving_names_the_path_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    import errno
+
+    objects = _objects()
+    good = _save(tmp_path, 1, *objects)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ckpt, "_write_contents", full_disk)  # fault injection: the disk fills mid-save
+    with pytest.raises(ValueError, match=rf"No space left .*iter_000002 \(the last complete checkpoint {good} is"):
+        _save(tmp_path, 2, *objects)
+    assert latest_checkpoint(tmp_path) == good
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["iter_000001"]  # no half-written folder

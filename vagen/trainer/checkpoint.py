@@ -20,6 +20,7 @@ or carried in `state` (e.g. `torch.Generator.get_state()` of a private generator
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -254,9 +255,16 @@ def save_checkpoint(
         if final.exists():  # saving the same iteration again, e.g. after resuming from it
             _delete_checkpoint(final)
         os.replace(temp, final)
-    except BaseException:
+    except BaseException as error:
         # BaseException on purpose: Ctrl-C mid-save must not leave a half-written folder behind.
         shutil.rmtree(temp, ignore_errors=True)
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            previous = _checkpoint_folders(run_dir)
+            kept = f"the last complete checkpoint {previous[-1][1]} is intact" if previous else "no earlier checkpoint"
+            raise ValueError(
+                f"No space left on the device while saving checkpoint {final} ({kept}). Fix: free disk space "
+                f"under {parent} (or lower trainer.keep_checkpoints) and rerun the command to resume."
+            ) from error
         raise
     if keep_last is not None:
         for old in complete_checkpoints(run_dir)[:-keep_last]:
