@@ -42,11 +42,21 @@ class DialogueFormatter:
         self.image_pad_token = image_pad_token
         self.image_pad_id = tokenizer.convert_tokens_to_ids(image_pad_token) if image_processor is not None else None
         self._close_text = self._assistant_close_text()
+        # Every string the tokenizer would read as a control token (ChatML's <|im_end|>, <|image_pad|>, ...).
+        self._special_strings = sorted(getattr(tokenizer, "added_tokens_encoder", {}), key=len, reverse=True)
 
     # ---- rendering helpers -----------------------------------------------------------------
+    def _defuse(self, text: str) -> str:
+        """Observation text as plain text: a special-token spelling in it (e.g. model text an env echoed) gets a
+        zero-width space after its first character, so it can never become a chat-control or image token."""
+        for special in self._special_strings:
+            if special in text:
+                text = text.replace(special, f"{special[0]}\u200b{special[1:]}")
+        return text
+
     def _content(self, observation: Observation) -> str | list[dict[str, str]]:
         if not observation.images:
-            return observation.text
+            return self._defuse(observation.text)
         if self.image_processor is None:
             raise ValueError(
                 f"The observation has {len(observation.images)} image(s) but the policy is a text-only model; "
@@ -57,7 +67,7 @@ class DialogueFormatter:
             if index:
                 parts.append({"type": "image"})
             if piece:
-                parts.append({"type": "text", "text": piece})
+                parts.append({"type": "text", "text": self._defuse(piece)})
         return parts
 
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
