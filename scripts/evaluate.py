@@ -7,6 +7,7 @@
 
 Every option is in configs/evaluate.yaml (and configs/engine/); results go to outputs/eval/<name>/:
 one JSON per episode, GIFs, summary.md / .csv / .json and success.png. Re-running resumes.
+A user error ends with one `error:` line naming the fix (exit 2), Ctrl-C with exit 130, no traceback.
 """
 
 import sys
@@ -22,7 +23,14 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 @hydra.main(config_path="../configs", config_name="evaluate", version_base=None)
 def main(cfg: DictConfig) -> None:
-    report = evaluate(cfg, CONFIG_DIR)
+    try:
+        report = evaluate(cfg, CONFIG_DIR)
+    except ValueError as error:  # user errors (unknown model or env, damaged results folder): each names the fix
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:  # finished episodes are on disk: rerunning the command resumes
+        print("Interrupted; finished episodes are saved, rerun the same command to resume.", file=sys.stderr)
+        sys.exit(130)
     print(report.table())
     print(
         f"Results in {report.out_dir} ({', '.join(p.name for p in report.files.values())}); {report.wall_time_s:.1f} s"
