@@ -201,3 +201,14 @@ def test_vllm_engine_evaluates_for_real(tmp_path, monkeypatch):
     row = rows_by_cell(report)[("smollm2_135m", "bandit_text")]
     assert row["episodes"] == 2 and row["errors"] == 0
     assert row["tokens_per_episode"] > 0 and len(episode_files(tmp_path)) == 2
+
+
+def test_evaluate_script_reports_a_user_error_in_one_line_without_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "evaluate.py"
+    command = [sys.executable, str(script), "model=[nosuchmodel]", "env=[sokoban_visual]", f"out_dir={tmp_path}"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and result.stderr.startswith("error: model='nosuchmodel' is not a policy")
+    assert "Traceback" not in result.stderr + result.stdout
