@@ -298,3 +298,29 @@ def test_train_script_reports_a_config_error_in_one_line_without_a_traceback(tmp
         typo.returncode == 2 and "Unknown option 'trainer.iteratons'. Did you mean trainer.iterations?" in typo.stderr
     )
     assert "+trainer" not in typo.stderr and "Traceback" not in typo.stderr
+
+
+def test_ctrl_c_prints_the_last_checkpoint_without_a_traceback(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "train.py"
+    run_dir = tmp_path / "run"
+    overrides = [*TEXT, "trainer.iterations=100000", "trainer.save_every=1", f"run_dir={run_dir}"]
+    process = subprocess.Popen(
+        [sys.executable, str(script), *overrides],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+    )
+    deadline = time.monotonic() + 240
+    while not list(run_dir.glob("checkpoints/iter_*")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    out, _ = process.communicate(timeout=120)
+    assert process.returncode == 130
+    assert "Interrupted. Last complete checkpoint: " in out and "rerun the command to resume" in out
+    assert "Traceback" not in out and not (run_dir / ".run.lock").exists()
