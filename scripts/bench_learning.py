@@ -26,6 +26,7 @@ from vagen.viz.plots import draw_held_out, new_figure, save_figure
 
 ROOT = Path(__file__).resolve().parent.parent
 COLOURS = ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown")
+LINESTYLES = ("-", "--", ":", "-.")
 
 
 def option(argv: list[str], name: str, default: str) -> str:
@@ -107,9 +108,11 @@ def plot_curves(runs: dict[tuple[str, int], Path], path: Path) -> Path:
     figure = new_figure(9, 5)
     ax = figure.subplots()
     algorithms = sorted({algorithm for algorithm, _ in runs})
+    seeds = sorted({seed for _, seed in runs})
     for (algorithm, seed), run_dir in runs.items():
         colour = COLOURS[algorithms.index(algorithm) % len(COLOURS)]
-        draw_held_out(ax, validations(run_dir), label=f"{algorithm} seed {seed}", colour=colour)
+        line = draw_held_out(ax, validations(run_dir), label=f"{algorithm} seed {seed}", colour=colour)
+        line.set_linestyle(LINESTYLES[seeds.index(seed) % len(LINESTYLES)])  # one colour per algorithm, a dash per seed
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel("iteration")
     ax.set_ylabel("held-out success (95% CI band)")

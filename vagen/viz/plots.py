@@ -207,16 +207,16 @@ def _draw_success(ax: Axes, records: Records) -> None:
     _style(ax, "Task success", "episodes solved (%)", percent=True)
 
 
-def draw_held_out(ax: Axes, records: Records, label: str = "held-out", colour: str = "tab:red") -> bool:
-    """`val/success` with its 95% interval as a band; False when the run logged no validation."""
+def draw_held_out(ax: Axes, records: Records, label: str = "held-out", colour: str = "tab:red") -> Any:
+    """`val/success` with its 95% interval as a band; returns the line, or None when no validation was logged."""
     steps, values = metric_series(records, "val/success")
     if steps.size == 0:
-        return False
+        return None
     low, high = metric_series(records, "val/success_ci_low")[1], metric_series(records, "val/success_ci_high")[1]
     if low.size == values.size == high.size:
         ax.fill_between(steps, low, high, color=colour, alpha=0.15, linewidth=0)
-    ax.plot(steps, values, color=colour, linewidth=2.0, marker="o", markersize=4, label=label)
-    return True
+    (line,) = ax.plot(steps, values, color=colour, linewidth=2.0, marker="o", markersize=4, label=label)
+    return line
 
 
 def _draw_held_out(ax: Axes, records: Records) -> None:
