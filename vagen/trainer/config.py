@@ -13,6 +13,7 @@ from vagen.algos.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
 from vagen.engines import ENGINES
 from vagen.env import make_env
 from vagen.filtering import EMPTY_POLICIES, FILTER_STRATEGIES, SPREAD_STATS
+from vagen.logging.sinks import WANDB_MODES
 from vagen.rollout.context import DialogueFormatter
 
 CRITIC_ESTIMATORS = ("gae", "bilevel_gae")
@@ -33,11 +34,11 @@ POSITIVE_INTEGERS = (
     "trainer.micro_batch_size",
     "trainer.save_every",
     "trainer.keep_checkpoints",
+    "trainer.eval_episodes",
     "rollout.max_new_tokens",
     "rollout.max_context_tokens",
 )
 DEVICES = ("auto", "cpu", "cuda")
-WANDB_MODES = ("offline", "online", "disabled")
 
 
 def _check_numbers(cfg: Any) -> None:
@@ -50,8 +51,9 @@ def _check_numbers(cfg: Any) -> None:
     trainer, rollout = cfg.trainer, cfg.rollout
     if not trainer.lr > 0 or not trainer.critic_lr > 0:
         raise ValueError(f"trainer.lr={trainer.lr} and trainer.critic_lr={trainer.critic_lr} must be > 0.")
-    if not rollout.temperature >= 0:
-        raise ValueError(f"rollout.temperature={rollout.temperature} must be >= 0 (0 = greedy).")
+    for key in ("rollout.temperature", "trainer.eval_temperature", "trainer.eval_every"):
+        if not OmegaConf.select(cfg, key) >= 0:
+            raise ValueError(f"{key}={OmegaConf.select(cfg, key)} must be >= 0 (0 = greedy / no validation).")
     if not 0 < rollout.top_p <= 1:
         raise ValueError(f"rollout.top_p={rollout.top_p} must be in (0, 1] (1 = no nucleus truncation).")
     _choice(cfg.device, list(DEVICES), "device")
@@ -124,12 +126,7 @@ def validate_config(cfg: Any) -> None:
     if trainer.micro_batch_size > trainer.mini_batch_size:
         raise ValueError(
             f"trainer.micro_batch_size={trainer.micro_batch_size} exceeds trainer.mini_batch_size="
-            f"{trainer.mini_batch_size}; make it a divisor of the mini-batch."
-        )
-    if trainer.eval_every < 0 or trainer.eval_episodes < 1 or trainer.eval_temperature < 0:
-        raise ValueError(
-            "trainer.eval_every must be >= 0 (0 = no validation), trainer.eval_episodes >= 1 and "
-            "trainer.eval_temperature >= 0."
+            f"{trainer.mini_batch_size}; make it at most the mini-batch (micro-batches accumulate into one)."
         )
     if rollout.max_new_tokens >= rollout.max_context_tokens:
         raise ValueError("rollout.max_new_tokens must be smaller than rollout.max_context_tokens.")
