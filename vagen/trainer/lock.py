@@ -32,9 +32,10 @@ def _alive(pid: int) -> bool:
 
 def _owner(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        owner = json.loads(path.read_text())
     except (OSError, ValueError):
-        return {}  # half-written or unreadable: treated as stale below
+        return {}  # unreadable: treated as stale below
+    return owner if isinstance(owner, dict) else {}
 
 
 @contextlib.contextmanager
