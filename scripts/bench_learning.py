@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from vagen.logging import read_metrics
-from vagen.rollout.validation import wilson_interval
 from vagen.viz.plots import draw_held_out, new_figure, save_figure
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,22 +61,17 @@ def train_run(algorithm: str, seed: int, run_dir: Path, episodes: int, threads: 
     return run_dir
 
 
-def validations(run_dir: Path) -> list[dict]:
-    records = [r for r in read_metrics(run_dir) if "val/success" in r]
-    if len(records) < 2:
+def validations(records: list[dict], run_dir: Path) -> list[dict]:
+    """The records of a run that hold a validation, iteration 0 first."""
+    validated = [r for r in records if "val/success" in r]
+    if len(validated) < 2:
         raise ValueError(f"{run_dir} has fewer than two validations; set trainer.eval_every > 0.")
-    return records
+    return validated
 
 
 def cell(record: dict) -> str:
-    successes = round(record["val/success"] * record["val/episodes"])
-    low, high = wilson_interval(successes, int(record["val/episodes"]))
-    return f"{record['val/success']:.1%} [{low:.1%}, {high:.1%}]"
-
-
-def training_minutes(run_dir: Path) -> float:
-    """Minutes spent in training iterations (rollout + update + MI), validation excluded."""
-    return sum(r.get("perf/iteration_s", 0.0) for r in read_metrics(run_dir)) / 60
+    """Held-out success with the 95% interval the trainer logged beside it."""
+    return f"{record['val/success']:.1%} [{record['val/success_ci_low']:.1%}, {record['val/success_ci_high']:.1%}]"
 
 
 def summary(runs: dict[tuple[str, int], Path]) -> str:
@@ -87,13 +81,13 @@ def summary(runs: dict[tuple[str, int], Path]) -> str:
     ]
     gains: dict[str, list[float]] = {}
     for (algorithm, seed), run_dir in runs.items():
-        first, last = validations(run_dir)[0], validations(run_dir)[-1]
+        records = read_metrics(run_dir)
+        validated = validations(records, run_dir)
+        first, last = validated[0], validated[-1]
         gain = last["val/success"] - first["val/success"]
         gains.setdefault(algorithm, []).append(gain)
-        lines.append(
-            f"| {algorithm} | {seed} | {cell(first)} | {cell(last)} | {gain * 100:+.1f} pts | "
-            f"{training_minutes(run_dir):.1f} |"
-        )
+        minutes = sum(r.get("perf/iteration_s", 0.0) for r in records) / 60  # training only, validation excluded
+        lines.append(f"| {algorithm} | {seed} | {cell(first)} | {cell(last)} | {gain * 100:+.1f} pts | {minutes:.1f} |")
     lines += ["", "| algorithm | seeds | mean change | std over seeds | every seed positive |", "|---|---|---|---|---|"]
     for algorithm, values in gains.items():
         spread = statistics.stdev(values) if len(values) > 1 else 0.0
@@ -111,7 +105,7 @@ def plot_curves(runs: dict[tuple[str, int], Path], path: Path) -> Path:
     seeds = sorted({seed for _, seed in runs})
     for (algorithm, seed), run_dir in runs.items():
         colour = COLOURS[algorithms.index(algorithm) % len(COLOURS)]
-        line = draw_held_out(ax, validations(run_dir), label=f"{algorithm} seed {seed}", colour=colour)
+        line = draw_held_out(ax, read_metrics(run_dir), label=f"{algorithm} seed {seed}", colour=colour)
         line.set_linestyle(LINESTYLES[seeds.index(seed) % len(LINESTYLES)])  # one colour per algorithm, a dash per seed
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel("iteration")

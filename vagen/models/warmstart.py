@@ -48,6 +48,7 @@ from vagen.models.processor import save_processor
 from vagen.models.tiny import build_tiny_vl, load_tiny_vl
 from vagen.rollout import DialogueFormatter, RolloutSpec, Trajectory, Turn, collect_rollouts, trajectories_to_batch
 from vagen.rollout.batch import TokenBatch
+from vagen.rollout.validation import episode_metrics
 from vagen.trainer.forward import policy_forward
 
 # Bump when anything below changes what a build produces (think text, masking, evaluation), so caches rebuild.
@@ -375,12 +376,8 @@ def evaluate_model(
     spec = RolloutSpec(group_seeds=list(seeds), group_size=1, max_context_tokens=4096, env_name="sokoban_visual")
     sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=1234)
     trajectories = collect_rollouts(make_sokoban_visual, HFEngine(model, processor), formatter, spec, sampling)
-    turns = [turn for trajectory in trajectories for turn in trajectory.turns]
-    return {
-        "success": float(np.mean([t.success for t in trajectories])),
-        "format_ok": float(np.mean([turn.info["format_ok"] for turn in turns])),
-        "turns": len(turns) / len(trajectories),
-    }
+    metrics = episode_metrics(trajectories)
+    return {key: metrics[key] for key in ("success", "format_ok", "turns")}
 
 
 def evaluate_scripted(policy: str, seeds: list[int], seed: int = 0) -> dict[str, float]:
