@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from vagen.engines.api import ApiEngine, ApiGeneration
-from vagen.engines.base import ENGINES, Context, Engine, EngineSource, SamplingParams, build_engine
+from vagen.engines.base import ENGINES, Context, Engine, EngineSource, SamplingParams
 from vagen.engines.local_server import LocalChatServer, decode_data_url, game_responder, message_images
 from vagen.env.parsing import parse_response
 
@@ -21,7 +21,7 @@ FAST = {"backoff_s": 0.01, "timeout_s": 5.0, "api_key_env": None}
 
 def make_engine(server: LocalChatServer, **overrides) -> ApiEngine:
     kwargs = {**FAST, **overrides}
-    return build_engine("api", EngineSource(model_path="test-model"), base_url=server.base_url, **kwargs)
+    return ApiEngine.from_source(EngineSource(model_path="test-model"), base_url=server.base_url, **kwargs)
 
 
 def checker_image() -> Image.Image:
@@ -39,14 +39,14 @@ def server():
 
 def test_registered_and_builds_from_source(server):
     engine = make_engine(server)
-    assert "api" in ENGINES and isinstance(engine, ApiEngine) and isinstance(engine, Engine)
+    assert "api" not in ENGINES and isinstance(engine, ApiEngine) and isinstance(engine, Engine)
     assert engine.model == "test-model" and engine.base_url == server.base_url
     with pytest.raises(ValueError, match="model_path"):
-        build_engine("api", EngineSource(), base_url=server.base_url)
+        ApiEngine.from_source(EngineSource(), base_url=server.base_url)
     with pytest.raises(ValueError, match="base_url"):
-        build_engine("api", EngineSource(model_path="m"))
+        ApiEngine.from_source(EngineSource(model_path="m"))
     with pytest.raises(ValueError, match="max_concurrency"):
-        build_engine("api", EngineSource(model_path="m"), base_url=server.base_url, max_concurrency=0)
+        ApiEngine.from_source(EngineSource(model_path="m"), base_url=server.base_url, max_concurrency=0)
 
 
 def test_token_interface_raises_pointing_to_generate_chat(server):

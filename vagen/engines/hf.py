@@ -2,7 +2,7 @@
 
 A custom decoding loop over `model(...)` with a KV cache instead of `model.generate`, because we need
 exact control of three things token-in/token-out training relies on: the log-prob of every sampled
-token (raw `log_softmax`, see `Generation`), per-sequence stop handling, and a `torch.Generator`
+token (under the distribution it was drawn from, see `Generation`), per-sequence stop handling, and a `torch.Generator`
 seeded per call so sampling is reproducible.
 
 Batching: all contexts of a call are left-padded into one batch (or micro-batches of at most
@@ -21,15 +21,20 @@ Weights: the engine samples from the very module it was given. When the trainer 
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
-from PIL import Image
 
 from vagen.engines.base import ENGINES, Context, EngineSource, Generation, SamplingParams
+from vagen.models.inputs import (
+    eval_mode,
+    image_model_inputs,
+    mrope_index_fn,
+    placeholder_token_ids,
+    prompt_position_ids,
+)
 
 
 def left_pad(contexts: list[Context], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,96 +78,18 @@ def sample_next_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row of `logits` (B, V), never one of `banned_ids` (K,) int64.
 
-    Returns `tokens` (B,) int64 and their RAW log-probs (B,) float32: `log_softmax(logits)` before
-    banning, temperature and truncation, the convention documented on `Generation.logprobs`.
+    Returns `tokens` (B,) int64 and their log-probs (B,) float32 under the distribution they were drawn
+    from (ban, temperature, top-k, top-p applied), the convention documented on `Generation.logprobs`.
     """
-    logits = logits.float()
-    raw_logprobs = torch.log_softmax(logits, dim=-1)
-    scores = logits if banned_ids is None else logits.index_fill(-1, banned_ids, float("-inf"))
+    scores = logits.float()
+    if banned_ids is not None:
+        scores = scores.index_fill(-1, banned_ids, float("-inf"))
     if sampling.greedy:
         tokens = scores.argmax(dim=-1)
     else:
         scores = restrict_to_top_p(restrict_to_top_k(scores / sampling.temperature, sampling.top_k), sampling.top_p)
-        probs = torch.softmax(scores, dim=-1)
-        tokens = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
-    return tokens, raw_logprobs.gather(-1, tokens[:, None]).squeeze(-1)
-
-
-def mrope_index_fn(model: torch.nn.Module) -> Any:
-    """The model's `get_rope_index` if it uses Qwen2-VL-style 3-D rope positions, else None."""
-    inner = getattr(model, "model", None)
-    return getattr(inner, "get_rope_index", None)
-
-
-def prompt_position_ids(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    image_grid_thw: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Position ids of a left-padded prompt batch, and the offset that decode positions continue from.
-
-    input_ids, attention_mask: (B, L) int64.
-    Returns `position_ids`, (B, L) for ordinary causal LMs or (3, B, L) for mrope models, and
-    `rope_delta` (B,) int64: a token appended at real index t (0-based, pads not counted) sits at
-    position t + rope_delta (0 for text models; for mrope, images use fewer positions than tokens).
-    A trainer that wants positions identical to generation can call this on its own batch.
-    """
-    get_rope_index = mrope_index_fn(model)
-    if get_rope_index is None:
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, L)
-        return position_ids, torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
-    image_token_id = model.config.image_token_id
-    mm_token_type_ids = (input_ids == image_token_id).int()  # 1 marks an image token, as the processor does
-    position_ids, rope_delta = get_rope_index(
-        input_ids, mm_token_type_ids=mm_token_type_ids, image_grid_thw=image_grid_thw, attention_mask=attention_mask
-    )
-    return position_ids, rope_delta.view(-1)  # (3, B, L), (B,)
-
-
-def image_model_inputs(model: torch.nn.Module, processor: Any, images: list[Image.Image]) -> dict[str, torch.Tensor]:
-    """`pixel_values` and `image_grid_thw` of `images` (in order) on the model's device and dtype; {} without images.
-
-    One place turns images into vision inputs, so the engine, the trainer's forward and the MI scorer
-    always see the same pixels for the same image.
-    """
-    if not images:
-        return {}
-    image_processor = getattr(processor, "image_processor", processor)
-    if image_processor is None or "pixel_values" not in getattr(image_processor, "model_input_names", ()):
-        raise ValueError(
-            "Inputs carry images but there is no image processor; pass the model's processor "
-            "(e.g. EngineSource(model=..., processor=<the model's processor>))."
-        )
-    processed = image_processor(images=images, return_tensors="pt")
-    parameter = next(model.parameters())
-    return {
-        "pixel_values": processed["pixel_values"].to(parameter.device, dtype=parameter.dtype),
-        "image_grid_thw": processed["image_grid_thw"].to(parameter.device),
-    }
-
-
-def placeholder_token_ids(model: torch.nn.Module) -> list[int]:
-    """Image / video pad ids of a vision-language model ([] otherwise).
-
-    They are never sampled: a generated pad would be read as an image slot when the trainer re-runs
-    the sequence with its images, so the sampled ids could not be trained on (token-in/token-out).
-    """
-    if mrope_index_fn(model) is None:
-        return []
-    names = ("image_token_id", "video_token_id")
-    return [i for i in (getattr(model.config, name, None) for name in names) if isinstance(i, int)]
-
-
-@contextlib.contextmanager
-def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    """Sample in eval mode (no dropout) and restore the trainer's mode afterwards."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
+        tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1, generator=generator).squeeze(-1)
+    return tokens, torch.log_softmax(scores, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
 
 
 @ENGINES.register("hf")
@@ -214,7 +141,7 @@ class HFEngine:
         if sampling.seed is not None and not sampling.greedy:
             generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
         results: list[Generation | None] = [None] * len(contexts)
-        with torch.no_grad(), _eval_mode(self.model):
+        with torch.no_grad(), eval_mode(self.model):
             for indices in self._micro_batches(contexts):
                 batch = [contexts[i] for i in indices]
                 for i, generation in zip(indices, self._generate_batch(batch, sampling, generator), strict=True):

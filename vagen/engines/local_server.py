@@ -11,7 +11,7 @@ Tokens are stood in for by whitespace-separated words: `usage` counts words (and
 it before the first match, as a real server would.
 
     with LocalChatServer(game_responder(["Left", "Up"], seed=0)) as server:
-        engine = build_engine("api", EngineSource(model_path="local"), base_url=server.base_url, api_key_env=None)
+        engine = ApiEngine.from_source(EngineSource(model_path="local"), base_url=server.base_url, api_key_env=None)
 
 Run `python -m vagen.engines.local_server --port 8000 --actions Left Up` for a demo server that plays a game.
 """

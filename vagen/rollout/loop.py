@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 import gymnasium
 
-from vagen.engines.base import Context, Engine, SamplingParams
+from vagen.engines.base import Context, Engine, SamplingParams, derive_seed
 from vagen.env.observation import Observation
 from vagen.rollout.context import DialogueFormatter
 from vagen.rollout.trajectory import Trajectory, Turn
@@ -82,7 +82,7 @@ def collect_rollouts(
         live = [episode for episode in episodes if not episode.done]
         if not live:
             return [episode.trajectory for episode in episodes]
-        seed = None if sampling.seed is None else sampling.seed + turn_index
+        seed = None if sampling.seed is None else derive_seed(sampling.seed, turn_index)
         contexts = [Context(list(e.ids), list(e.images)) for e in live]  # copies: the lists grow below
         generations = engine.generate(contexts, replace(sampling, seed=seed))
         for episode, generation in zip(live, generations, strict=True):

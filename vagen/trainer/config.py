@@ -104,6 +104,12 @@ def validate_config(cfg: Any) -> None:
     _choice(filt.strategy, FILTER_STRATEGIES.names(), "filter.strategy")
     _choice(filt.stat, SPREAD_STATS.names(), "filter.stat")
     _choice(filt.empty_policy, list(EMPTY_POLICIES), "filter.empty_policy")
+    if rollout.engine == "api":
+        raise ValueError(
+            "rollout.engine=api cannot train: a chat server answers text, not the sampled token ids and log-probs "
+            "training needs. Use rollout=hf or rollout=vllm; to benchmark a served model, run "
+            "scripts/evaluate.py engine=api engine.model=<name>."
+        )
     _choice(rollout.engine, ENGINES.names(), "rollout.engine")
     _check_numbers(cfg)
     if algo.advantage in CRITIC_ESTIMATORS and not algo.critic:
@@ -136,6 +142,17 @@ def validate_config(cfg: Any) -> None:
             f"env={cfg.env.name} shows images (observation={observation}) but model={cfg.model.name} reads text "
             f"only: use the text variant of the env (e.g. env={cfg.env.name.replace('_visual', '_text')}) or a "
             "vision-language model (model=tiny_vl, model=qwen2_5_vl_3b)."
+        )
+    if trainer.lora.enabled and trainer.lora.dropout > 0:
+        raise ValueError(
+            f"trainer.lora.dropout={trainer.lora.dropout} would have no effect: RL updates run without dropout, so "
+            "that the old and new log-probs come from the same function and the first PPO ratio is exactly 1. "
+            "Set trainer.lora.dropout=0."
+        )
+    if trainer.lora.enabled and rollout.engine == "vllm":
+        raise ValueError(
+            "trainer.lora.enabled=true with rollout=vllm is not supported yet: vLLM cannot load peft's adapter "
+            "parameter names. Use rollout=hf with LoRA, or train all weights with rollout=vllm."
         )
     if trainer.lora.enabled:
         try:

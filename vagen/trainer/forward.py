@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from vagen.algos.losses import entropy_from_logits
-from vagen.engines.hf import image_model_inputs, prompt_position_ids
+from vagen.models.inputs import image_model_inputs, placeholder_token_ids, prompt_position_ids
 from vagen.rollout.batch import TokenBatch
 
 
@@ -68,13 +68,17 @@ def policy_forward(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π_T(sampled token | prefix) as [B, T] (0 off the response mask), and optionally the entropy [B, T].
 
-    π_T = softmax(logits / temperature): the distribution the engine sampled from at that temperature
+    π_T = softmax(logits / temperature) over the ids the engine may sample (a vision-language model's image /
+    video pads are banned there, so here too): the distribution the engine sampled from at that temperature
     (before top-k / top-p truncation, as verl and TRL score it), so the PPO ratio and the entropy refer
     to the sampling policy. temperature=1 is the model's own distribution; 0 (greedy) scores at 1.
     """
     inputs = model_inputs(model, batch, processor)
     hidden = _backbone(model)(**inputs).last_hidden_state  # (B, T, H)
     logits = model.get_output_embeddings()(hidden_before_sampled(hidden, batch)).float()  # (n, V)
+    banned = placeholder_token_ids(model)
+    if banned:
+        logits = logits.index_fill(-1, torch.tensor(banned, device=logits.device), float("-inf"))
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     rows, cols = sampled_positions(batch)

@@ -29,6 +29,7 @@ from vagen.algos.losses import (
     value_loss,
 )
 from vagen.engines import EngineSource, SamplingParams, build_engine
+from vagen.engines.base import derive_seed
 from vagen.env import make_env
 from vagen.filtering import apply_empty_policy, select_groups
 from vagen.models.lora import add_lora, lora_kwargs
@@ -47,6 +48,7 @@ from vagen.trainer.config import check_prompt_fits, validate_config
 from vagen.trainer.forward import batched_logprobs, critic_forward, policy_forward
 from vagen.trainer.monitor import DiagnosticsMonitor
 
+SAMPLING_STREAM, SHUFFLE_STREAM = 0, 1  # derive_seed(run seed, iteration, stream): one seed per use
 SEED_STRIDE = 100_000  # env seeds of run seed s start at s * SEED_STRIDE; evaluation uses seeds >= 1e9
 
 
@@ -186,7 +188,7 @@ class StarPOTrainer:
             max_new_tokens=rollout.max_new_tokens,
             temperature=rollout.temperature,
             top_p=rollout.top_p,
-            seed=self.cfg.seed * 1_000_003 + self.iteration * 101,
+            seed=derive_seed(self.cfg.seed, self.iteration, SAMPLING_STREAM),
         )
 
     def rollout(self) -> list[Trajectory]:
@@ -275,17 +277,20 @@ class StarPOTrainer:
         trainer, algo = self.cfg.trainer, self.cfg.algorithm
         processor = self.policy.processor
         temperature = self.cfg.rollout.temperature
-        old_logprobs = batched_logprobs(self.model, batch, processor, trainer.micro_batch_size, temperature)
-        ref_logprobs = None
-        if self.reference is not None:
-            ref_logprobs = batched_logprobs(self.reference, batch, processor, trainer.micro_batch_size, temperature)
-        old_values = None
-        if self.critic is not None:
-            old_values = torch.zeros(batch.input_ids.shape)
-            with torch.no_grad():
-                for rows in _chunks(torch.arange(len(batch)), trainer.micro_batch_size):
-                    values = critic_forward(self.critic, batch.select(rows), processor).cpu()
-                    old_values[rows, : values.shape[1]] = values
+        # Same function, precision (autocast) and mode (no dropout) as the update's forward passes, so the
+        # PPO ratio of the first on-policy step is exactly 1.
+        with self._autocast():
+            old_logprobs = batched_logprobs(self.model, batch, processor, trainer.micro_batch_size, temperature)
+            ref_logprobs = None
+            if self.reference is not None:
+                ref_logprobs = batched_logprobs(self.reference, batch, processor, trainer.micro_batch_size, temperature)
+            old_values = None
+            if self.critic is not None:
+                old_values = torch.zeros(batch.input_ids.shape)
+                with torch.no_grad():
+                    for rows in _chunks(torch.arange(len(batch)), trainer.micro_batch_size):
+                        values = critic_forward(self.critic, batch.select(rows), processor).float().cpu()
+                        old_values[rows, : values.shape[1]] = values
         inputs = AdvantageInputs(
             token_rewards=batch.token_rewards,
             response_mask=batch.response_mask,
@@ -309,15 +314,16 @@ class StarPOTrainer:
             # Once per iteration, over the whole batch, from the values the advantages were built with (not from
             # per-micro-batch values that are being updated, averaged).
             stats.add("critic", {"explained_variance": explained_variance(old_values, returns, mask)})
-        if self.cfg.rollout.temperature == 1.0:
-            # Engines report raw (T = 1) log-probs; at T = 1 the trainer scores the same distribution, so any
-            # gap on the sampled tokens is a rollout/training mismatch (precision, kernels, inputs).
-            gap = (batch.rollout_logprobs - old_logprobs).abs() * mask
-            stats.add(
-                "rollout", {"logprob_gap_mean": gap.sum() / mask.sum().clamp(min=1), "logprob_gap_max": gap.max()}
-            )
-        shuffle = torch.Generator().manual_seed(self.cfg.seed * 7919 + self.iteration)
-        self.model.train()
+        # Engines report the log-probs of the distribution they sampled from, the trainer scores softmax(logits/T):
+        # any gap is rollout/training mismatch (precision, kernels, inputs, and top-p / top-k truncation if on).
+        gap = (batch.rollout_logprobs - old_logprobs).abs() * mask
+        stats.add("rollout", {"logprob_gap_mean": gap.sum() / mask.sum().clamp(min=1), "logprob_gap_max": gap.max()})
+        shuffle = torch.Generator().manual_seed(derive_seed(self.cfg.seed, self.iteration, SHUFFLE_STREAM))
+        # The policy and critic stay in eval mode while they learn: with dropout on, the new log-probs would
+        # come from a different function than the old ones and the first step's ratio would not be 1.
+        self.model.eval()
+        if self.critic is not None:
+            self.critic.eval()
         for _ in range(trainer.ppo_epochs):
             order = torch.randperm(len(batch), generator=shuffle)
             for mini in _chunks(order, trainer.mini_batch_size):
@@ -329,7 +335,6 @@ class StarPOTrainer:
                     mb = batch.select(micro)
                     self._micro_step(mb, *_rows(tensors, micro, mb.input_ids.shape[1]), whole_mask, stats)
                 self._optimizer_step(stats)
-        self.model.eval()
         return stats.means()
 
     def _micro_step(
