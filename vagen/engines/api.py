@@ -244,8 +244,9 @@ class ApiEngine:
     """Chat completions from an OpenAI-compatible server (OpenAI, vLLM serve, SGLang, llama.cpp, ...).
 
     Build it with `ApiEngine.from_source(EngineSource(model_path="served-name"), base_url="http://host:8000/v1")`
-    and call `generate_chat`. It is not in `ENGINES`: a server returns text, not the token ids and log-probs
-    a rollout engine must (token-in/token-out), so it evaluates models and never trains them. `base_url` is the API root including `/v1`, as for the openai client.
+    and call `generate_chat`. `base_url` is the API root including `/v1`, as for the openai client.
+    It is not in `ENGINES`: a server returns text, not the token ids and log-probs a rollout engine must
+    (token-in/token-out), so it evaluates models and never trains them.
     """
 
     def __init__(
