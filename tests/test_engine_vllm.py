@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -259,3 +260,51 @@ def test_child_process_engine_matches(tmp_path, smollm2, contexts, vllm_engine):
     assert before == in_process
     assert scaled != before
     assert restored == before
+
+
+def test_a_resumed_vllm_run_samples_from_the_restored_weights(tmp_path, smollm2, contexts, greedy, monkeypatch):
+    """A checkpoint (trained with the hf engine, lr high enough to move the weights) resumed with rollout=vllm:
+    the vLLM engine must sample from the restored weights, not from the folder's initial ones."""
+    from hydra import compose, initialize_config_dir
+
+    from vagen.trainer.run import train, trained
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    overrides = [
+        "env=bandit_text",
+        "model=smollm2_135m",
+        "trainer.groups=2",
+        "trainer.group_size=2",
+        "trainer.mini_batch_size=4",
+        "trainer.micro_batch_size=2",
+        "trainer.iterations=1",
+        "trainer.lr=1e-3",
+        "trainer.eval_every=0",
+        "trainer.viz_every=0",
+        "rollout.max_new_tokens=8",
+        "logger.wandb_mode=disabled",
+        "logger.progress=false",
+        f"run_dir={tmp_path / 'run'}",
+    ]
+    vllm = ["rollout=vllm", "rollout.max_new_tokens=8", "rollout.max_context_tokens=1024"]
+    vllm += ["+rollout.engine_kwargs.dtype=float32", "rollout.engine_kwargs.enforce_eager=true"]
+    vllm += ["+rollout.engine_kwargs.max_model_len=1024"]
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "configs"), version_base=None):
+        train(compose("train", overrides=overrides))
+        trainer = trained(compose("train", overrides=[*overrides, *vllm]))
+    try:
+        resumed = trainer.engine.generate(contexts[:3], greedy)
+        restored = HFEngine(trainer.model).generate(contexts[:3], greedy)
+        initial = HFEngine(smollm2[0]).generate(contexts[:3], greedy)
+    finally:
+        trainer.close()
+    logprobs = [torch.tensor(g.logprobs) for g in resumed]
+    assert [g.token_ids for g in resumed] == [g.token_ids for g in restored]
+    for got, want in zip(logprobs, restored, strict=True):
+        torch.testing.assert_close(got, torch.tensor(want.logprobs), atol=LOGPROB_ATOL, rtol=0)
+    moved = [
+        (g.token_ids != i.token_ids)
+        or not torch.allclose(torch.tensor(g.logprobs), torch.tensor(i.logprobs), atol=100 * LOGPROB_ATOL)
+        for g, i in zip(restored, initial, strict=True)
+    ]
+    assert any(moved), "the checkpoint's weights should differ from the initial ones"

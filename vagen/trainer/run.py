@@ -45,6 +45,9 @@ def restore_checkpoint(trainer: StarPOTrainer, path: Path) -> StarPOTrainer:
         fingerprint=trainer.fingerprint(),
     )
     trainer.load_state(state)
+    # An engine with its own copy of the weights (vLLM) still holds the initial ones: sync it before the first
+    # rollout, or the first resumed iteration would sample from the untrained policy.
+    trainer.sync_engine()
     return trainer
 
 
@@ -105,7 +108,11 @@ def train(cfg: DictConfig) -> Path:
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with run_dir_lock(run_dir):  # before any model loads: a second run into this folder fails at once
-        return _train_locked(StarPOTrainer(cfg), cfg)
+        trainer = StarPOTrainer(cfg)
+        try:
+            return _train_locked(trainer, cfg)
+        finally:
+            trainer.close()
 
 
 def _train_locked(trainer: StarPOTrainer, cfg: DictConfig) -> Path:

@@ -264,7 +264,7 @@ class StarPOTrainer:
         metrics.update(self.monitor.echo(float(group_std.mean()), metrics))
         for scheduler in self.schedulers.values():
             scheduler.step()
-        self.engine.update_weights(self.model.state_dict())
+        self.sync_engine()
         self.iteration += 1
         metrics["perf/rollout_s"] = rollout_s
         metrics["perf/update_s"] = time.perf_counter() - update_start
@@ -405,6 +405,16 @@ class StarPOTrainer:
     def _autocast(self) -> Any:
         device_type = next(self.model.parameters()).device.type
         return torch.autocast(device_type, dtype=torch.bfloat16, enabled=bool(self.cfg.trainer.bf16))
+
+    def sync_engine(self) -> None:
+        """Make the rollout engine sample from the policy's current weights (a no-op for the shared hf engine)."""
+        self.engine.update_weights(self.model.state_dict())
+
+    def close(self) -> None:
+        """Release the rollout engine's resources (vLLM's memory and worker processes)."""
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
 
     # ---- state for checkpoints -----------------------------------------------------------
     def state(self) -> dict[str, Any]:
