@@ -117,6 +117,27 @@ def reference_group(inputs, kind: str, eps: float = 1e-6, unbiased: bool = True)
     return out
 
 
+def reference_grpo_turn(inputs, gamma_turn: float = 0.95, eps: float = 1e-6) -> torch.Tensor:
+    """Per row: turns as maximal runs, return-to-go per turn; per (group, turn index) mean and stdev."""
+    groups = inputs.group_index.tolist()
+    per_row = []
+    for positions, rewards, _ in rows(inputs):
+        turns = split_turns(positions)
+        to_go, running = [0.0] * len(turns), 0.0
+        for k in reversed(range(len(turns))):
+            running = sum(rewards[t] for t in turns[k]) + gamma_turn * running
+            to_go[k] = running
+        per_row.append((turns, to_go))
+    out = torch.zeros_like(inputs.token_rewards)
+    for i, (turns, to_go) in enumerate(per_row):
+        for k, turn in enumerate(turns):
+            peers = [g[k] for j, (_, g) in enumerate(per_row) if groups[j] == groups[i] and len(g) > k]
+            std = statistics.stdev(peers) if len(peers) > 1 else 0.0
+            for t in turn:
+                out[i, t] = (to_go[k] - sum(peers) / len(peers)) / (std + eps)
+    return out
+
+
 def estimate(name: str, inputs: AdvantageInputs, **params) -> tuple[torch.Tensor, torch.Tensor]:
     return ADVANTAGE_ESTIMATORS.get(name)(inputs, AdvantageParams(**params))
 
@@ -156,6 +177,33 @@ def test_group_estimators_match_loop(seed, shape, name):
     advantages, returns = estimate(name, inputs)
     torch.testing.assert_close(advantages, reference_group(inputs, name), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(returns, advantages)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("gamma_turn", [1.0, 0.9])
+def test_grpo_turn_matches_loop(seed, shape, gamma_turn):
+    inputs = random_multiturn_batch(seed, *shape, num_groups=2)
+    advantages, returns = estimate("grpo_turn", inputs, gamma_turn=gamma_turn)
+    torch.testing.assert_close(advantages, reference_grpo_turn(inputs, gamma_turn), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(returns, advantages)
+
+
+def test_grpo_turn_of_one_turn_episodes_is_grpo():
+    inputs = single_token_trajectories([1.0, 0.0, 3.0, 2.0, 5.0], [0, 0, 0, 1, 1])
+    torch.testing.assert_close(estimate("grpo_turn", inputs)[0], estimate("grpo", inputs)[0])
+
+
+def test_grpo_turn_credits_each_turn_with_what_followed_it():
+    # Two rollouts of one group, two turns each; turn rewards (1, 0) and (0, 1): equal totals, so grpo gives 0.
+    # Turn 0 returns-to-go (γ_T = 1): 1 vs 1 -> 0. Turn 1: 0 vs 1 -> ∓ 1/(std = sqrt(0.5)).
+    mask = torch.tensor([[1, 1, 0, 1], [1, 1, 0, 1]], dtype=torch.bool)
+    rewards = torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    inputs = AdvantageInputs(rewards, mask, group_index=torch.tensor([3, 3]))
+    advantages, _ = estimate("grpo_turn", inputs, gamma_turn=1.0)
+    a = 0.5 / math.sqrt(0.5)
+    torch.testing.assert_close(advantages, torch.tensor([[0.0, 0.0, 0.0, -a], [0.0, 0.0, 0.0, a]]), atol=1e-5, rtol=0)
+    assert torch.equal(estimate("grpo", inputs)[0], torch.zeros(2, 4))
 
 
 def test_grpo_population_std_option_matches_loop():
@@ -258,7 +306,7 @@ def test_bilevel_gae_turn_td0_bootstraps_from_next_turn_end_value():
 # ----------------------------------------------------------------------------------- masking properties
 
 
-@pytest.mark.parametrize("name", ["gae", "bilevel_gae", "grpo", "drgrpo", "rloo"])
+@pytest.mark.parametrize("name", ["gae", "bilevel_gae", "grpo", "grpo_turn", "drgrpo", "rloo"])
 @pytest.mark.parametrize("seed", SEEDS)
 def test_values_and_rewards_at_masked_positions_do_not_change_results(name, seed):
     inputs = random_multiturn_batch(seed, 4, 30)
@@ -358,7 +406,7 @@ def test_masked_whiten_without_shift_keeps_signs():
 
 
 def test_registry_lists_every_estimator_and_rejects_unknown_names():
-    assert ADVANTAGE_ESTIMATORS.names() == ["bilevel_gae", "drgrpo", "gae", "grpo", "rloo"]
+    assert ADVANTAGE_ESTIMATORS.names() == ["bilevel_gae", "drgrpo", "gae", "grpo", "grpo_turn", "rloo"]
     with pytest.raises(ValueError, match=r"'ppo'.*bilevel_gae.*drgrpo.*gae.*grpo.*rloo"):
         ADVANTAGE_ESTIMATORS.get("ppo")
 
@@ -368,7 +416,7 @@ def test_missing_inputs_raise_naming_the_field():
     for name in ("gae", "bilevel_gae"):
         with pytest.raises(ValueError, match="values"):
             estimate(name, inputs)
-    for name in ("grpo", "drgrpo", "rloo"):
+    for name in ("grpo", "grpo_turn", "drgrpo", "rloo"):
         with pytest.raises(ValueError, match="group_index"):
             estimate(name, inputs)
 

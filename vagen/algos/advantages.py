@@ -307,6 +307,52 @@ def grpo(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.Tensor
     return advantages, advantages.clone()
 
 
+@ADVANTAGE_ESTIMATORS.register("grpo_turn")
+def grpo_turn(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """Turn-level GRPO: each turn is credited with the return from that turn on, against its group at that turn.
+
+    Turn k of row i has reward R_ik (sum over its sampled tokens) and return-to-go
+        G_ik = Σ_{j≥k} γ_T^{j−k} R_ij      (γ_T = params.gamma_turn),
+    and every token of the turn gets A_ik = (G_ik − mean_g G_·k) / (std_g G_·k + eps), the statistics taken over
+    the members of i's group that played a turn k (Bessel-corrected std when params.unbiased_std). Why: with
+    trajectory-level GRPO a failed episode's good first moves are pushed down with its bad last one; here a
+    turn answers only for what followed it (reward-to-go), and a baseline that depends on the turn index
+    only keeps the estimate unbiased. With dense turn rewards (e.g. Sokoban's `distance_shaping`) this is
+    per-move credit without a critic. A one-turn episode gets exactly `grpo`'s advantage.
+    Returns (advantages, returns = advantages), [B, T] float32, 0 off the mask.
+    """
+    sampled = inputs.response_mask.bool()
+    rewards = inputs.token_rewards.float() * sampled
+    batch, length = rewards.shape
+    turn_ids = inputs.turn_ids if inputs.turn_ids is not None else turn_ids_from_mask(sampled)
+    buckets = _turn_buckets(turn_ids, sampled)  # (B, T) turn of each token; mask-0 tokens in spare bucket T
+    turn_rewards = torch.zeros(batch, length + 1, device=rewards.device).scatter_add(1, buckets, rewards)
+    played = torch.zeros(batch, length + 1, device=rewards.device).scatter_add(1, buckets, sampled.float()) > 0
+    played[:, length] = False  # the spare bucket is no turn
+    to_go = torch.zeros_like(turn_rewards)  # (B, K) with K = T + 1 turn slots
+    running = torch.zeros(batch, device=rewards.device)
+    for k in reversed(range(length + 1)):
+        running = turn_rewards[:, k] + params.gamma_turn * running
+        to_go[:, k] = running
+    _, group_of_row = torch.unique(_group_index(inputs, "grpo_turn"), return_inverse=True)
+    # One bucket per (group, turn): B groups at most, so no data-dependent size.
+    slot = (group_of_row[:, None] * (length + 1) + torch.arange(length + 1, device=rewards.device)).reshape(-1)
+    weight = played.reshape(-1).float()
+    values = to_go.reshape(-1) * weight
+
+    def per_slot(x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(batch * (length + 1), device=x.device).index_add(0, slot, x)[slot]
+
+    counts = per_slot(weight)
+    mean = per_slot(values) / counts.clamp(min=1.0)
+    squared_deviations = per_slot((values - mean) ** 2 * weight)
+    dof = counts - 1.0 if params.unbiased_std else counts
+    std = torch.sqrt(squared_deviations / dof.clamp(min=1.0))
+    turn_advantages = ((to_go.reshape(-1) - mean) / (std + params.eps) * weight).reshape(batch, length + 1)
+    advantages = turn_advantages.gather(1, buckets) * sampled
+    return advantages, advantages.clone()
+
+
 @ADVANTAGE_ESTIMATORS.register("drgrpo")
 def drgrpo(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
     """Dr.GRPO: A_i = R_i − mean_g R (no std division, which biases toward easy/hard groups).

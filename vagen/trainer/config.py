@@ -17,7 +17,7 @@ from vagen.logging.sinks import WANDB_MODES
 from vagen.rollout.context import DialogueFormatter
 
 CRITIC_ESTIMATORS = ("gae", "bilevel_gae")
-GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo")
+GROUP_ESTIMATORS = ("grpo", "grpo_turn", "drgrpo", "rloo")
 
 
 def _choice(value: Any, valid: list[str], key: str) -> None:
