@@ -57,6 +57,24 @@ def test_each_preset_updates_every_parameter_with_finite_metrics(algorithm):
     assert ("loss/kl" in metrics) == (cfg.algorithm.kl_coef > 0)
 
 
+@pytest.mark.parametrize("algorithm", ["grpo", "drgrpo", "dapo", "ppo", "starpo_s"])
+def test_each_preset_runs_with_its_own_empty_group_policy(algorithm):
+    """The preset as a user gets it (DAPO rerolls, StarPO-S skips): the random model's rollouts may leave no group
+    with reward spread, and then the update is skipped after the rerolls, with nothing changed."""
+    trainer = StarPOTrainer(config([*TEXT, f"algorithm={algorithm}"]))
+    before = snapshot(trainer.model)
+    metrics = trainer.train_iteration()
+    filt = trainer.cfg.filter
+    changed = {name for name, p in trainer.model.named_parameters() if not torch.equal(p, before[name])}
+    if metrics["filter/skipped_update"]:
+        assert not changed and metrics["filter/kept_count"] == 0
+        assert metrics["filter/rerolls"] == (filt.max_rerolls if filt.empty_policy == "reroll" else 0)
+    else:
+        assert changed == set(before) and metrics["filter/kept_count"] > 0
+    finite = {k: v for k, v in metrics.items() if k.startswith(("env/", "filter/", "perf/", "rollout/"))}
+    assert all(math.isfinite(v) for v in finite.values()), finite
+
+
 def test_starpo_s_is_one_preset():
     cfg = config([*TEXT, "algorithm=starpo_s"])
     assert (cfg.filter.strategy, cfg.algorithm.kl_coef, cfg.algorithm.clip_low, cfg.algorithm.clip_high) == (
@@ -340,3 +358,28 @@ def test_the_first_on_policy_step_has_ratio_one(overrides, bf16):
     # Also under bf16: old and new log-probs come from the same autocast and mode (before the fix: 0.998..1.0014).
     assert abs(metrics["policy/ratio_max"] - 1) < 1e-5 and abs(metrics["policy/ratio_min"] - 1) < 1e-5
     assert metrics["policy/clipfrac"] == 0
+
+
+def test_after_a_reroll_everything_describes_the_batch_trained_on(monkeypatch):
+    """DAPO rerolls when no group is kept. The first rollout here is made to keep nothing (and the filter keeps all
+    of the next, whatever the random model's rewards): the metrics, the sample trajectories and the Echo Trap's
+    group std must come from the second rollout."""
+    trainer = StarPOTrainer(config([*TEXT, "algorithm=dapo", "filter=none", "filter.empty_policy=reroll"]))
+    assert trainer.cfg.filter.empty_policy == "reroll"
+    rollouts, real_rollout, real_filter = [], trainer.rollout, trainer.filter_hook
+    monkeypatch.setattr(trainer, "rollout", lambda: rollouts.append(real_rollout()) or rollouts[-1])
+    monkeypatch.setattr(
+        trainer, "filter_hook", lambda t: ([], {"filter/kept_count": 0.0}) if len(rollouts) == 1 else real_filter(t)
+    )
+    echoed = []
+    real_echo = trainer.monitor.echo
+    monkeypatch.setattr(trainer.monitor, "echo", lambda std, metrics: echoed.append(std) or real_echo(std, metrics))
+    metrics = trainer.train_iteration()
+    assert len(rollouts) == 2 and metrics["filter/rerolls"] == 1 and metrics["filter/skipped_update"] == 0
+    final = rollouts[1]
+    assert trainer.last_trajectories is final
+    for name, value in starpo.rollout_metrics(final).items():
+        assert metrics[name] == value, name
+    assert metrics["filter/kept_count"] == real_filter(final)[1]["filter/kept_count"]
+    groups = starpo.group_returns(final, trainer.cfg.trainer.groups, trainer.cfg.trainer.group_size)
+    assert echoed == [pytest.approx(float(groups.std(dim=1, unbiased=False).mean()))]

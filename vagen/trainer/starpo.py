@@ -236,24 +236,33 @@ class StarPOTrainer:
         keep = set(kept.tolist())
         return [t for t in trajectories if t.group_id in keep], out
 
+    def sample_batch(self) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
+        """Rollout → group filter → reroll while nothing is kept (filter.empty_policy=reroll).
+
+        Returns the rollout trained from (the last one), its kept trajectories, and metrics that all describe
+        that rollout (env/, rollout/, filter/); `perf/rollout_s` counts the time of every attempt.
+        """
+        filt, rerolls, rollout_s = self.cfg.filter, 0, 0.0
+        while True:
+            start = time.perf_counter()
+            trajectories = self.rollout()
+            rollout_s += time.perf_counter() - start
+            kept, filter_metrics = self.filter_hook(trajectories)
+            if kept or filt.empty_policy != "reroll" or rerolls >= filt.max_rerolls:
+                break
+            rerolls += 1
+        metrics = {**rollout_metrics(trajectories), **filter_metrics, "filter/rerolls": float(rerolls)}
+        metrics["filter/skipped_update"], metrics["perf/rollout_s"] = float(not kept), rollout_s
+        return trajectories, kept, metrics
+
     def train_iteration(self) -> dict[str, float]:
         """One StarPO iteration; returns its metrics (namespace/name → float)."""
         start = time.perf_counter()
-        trajectories = self.rollout()
+        trajectories, kept, metrics = self.sample_batch()
         self.last_trajectories = trajectories
-        rollout_s = time.perf_counter() - start
-        metrics = rollout_metrics(trajectories)
         metrics.update(self.diagnostics_hook(trajectories))
-        kept, filter_metrics = self.filter_hook(trajectories)
-        metrics.update(filter_metrics)
-        rerolls = 0
-        while not kept and self.cfg.filter.empty_policy == "reroll" and rerolls < self.cfg.filter.max_rerolls:
-            rerolls += 1
-            kept, filter_metrics = self.filter_hook(self.rollout())
         trainer = self.cfg.trainer
         group_std = group_returns(trajectories, trainer.groups, trainer.group_size).std(dim=1, unbiased=False)
-        metrics["filter/rerolls"] = float(rerolls)
-        metrics["filter/skipped_update"] = float(not kept)
         update_start = time.perf_counter()
         metrics["optim/lr"] = self.optimizers["policy"].param_groups[0]["lr"]
         if kept:
@@ -266,7 +275,6 @@ class StarPOTrainer:
             scheduler.step()
         self.sync_engine()
         self.iteration += 1
-        metrics["perf/rollout_s"] = rollout_s
         metrics["perf/update_s"] = time.perf_counter() - update_start
         metrics["perf/iteration_s"] = time.perf_counter() - start
         return metrics
