@@ -262,14 +262,14 @@ def test_explained_variance_is_one_number_from_rollout_time_values(monkeypatch):
     from vagen.algos.losses import explained_variance
 
     seen = {}
-    original = StarPOTrainer.advantages
+    original = StarPOTrainer.with_training_tensors
 
     def recording(self, batch):
         out = original(self, batch)
-        seen["expected"] = explained_variance(out[2], out[4], batch.response_mask)
+        seen["expected"] = explained_variance(out.old_values, out.value_targets, batch.response_mask)
         return out
 
-    monkeypatch.setattr(StarPOTrainer, "advantages", recording)
+    monkeypatch.setattr(StarPOTrainer, "with_training_tensors", recording)
     trainer = StarPOTrainer(config([*TEXT, "algorithm=ppo", "trainer.groups=2", "trainer.group_size=4"]))
     metrics = trainer.train_iteration()
     assert metrics["critic/explained_variance"] == pytest.approx(float(seen["expected"]), nan_ok=True)
@@ -383,3 +383,17 @@ def test_after_a_reroll_everything_describes_the_batch_trained_on(monkeypatch):
     assert metrics["filter/kept_count"] == real_filter(final)[1]["filter/kept_count"]
     groups = starpo.group_returns(final, trainer.cfg.trainer.groups, trainer.cfg.trainer.group_size)
     assert echoed == [pytest.approx(float(groups.std(dim=1, unbiased=False).mean()))]
+
+
+def test_select_slices_the_training_tensors_with_their_dialogues():
+    trainer = StarPOTrainer(config([*TEXT, "algorithm=ppo", "trainer.groups=2", "trainer.group_size=2"]))
+    batch = trainer.with_training_tensors(
+        starpo.trajectories_to_batch(trainer.rollout(), pad_token_id=trainer.policy.tokenizer.pad_token_id or 0)
+    )
+    rows = [2, 0]
+    part = batch.select(rows)
+    length = part.input_ids.shape[1]
+    for name in ("old_logprobs", "old_values", "advantages", "value_targets", "response_mask"):
+        assert torch.equal(getattr(part, name), getattr(batch, name)[rows, :length]), name
+    assert part.ref_logprobs is not None and torch.equal(part.ref_logprobs, batch.ref_logprobs[rows, :length])
+    assert torch.equal(part.group_index, batch.group_index[rows]) and len(part.images) == 2

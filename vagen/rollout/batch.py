@@ -6,7 +6,7 @@ so the loss mask, rewards and advantages all sit on the position of the sampled 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 from PIL import Image
@@ -28,6 +28,12 @@ class TokenBatch:
     group_index    [B]    long   the group (initial state) of each dialogue
     returns        [B]    float  total reward of each dialogue
     images         B lists of PIL images, in the order their pad tokens appear
+
+    Training tensors, [B, T] float, None until the trainer computes them (`with_training_tensors`), so that
+    `select` slices them together with the dialogue they belong to:
+    old_logprobs   log π_old of sampled tokens      ref_logprobs   log π_ref (None without a KL term)
+    old_values     critic values (None w/o critic) advantages      per-token advantages
+    value_targets  the critic's regression targets (None without a critic)
     """
 
     input_ids: torch.Tensor
@@ -39,6 +45,11 @@ class TokenBatch:
     group_index: torch.Tensor
     returns: torch.Tensor
     images: list[list[Image.Image]]
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    value_targets: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -47,23 +58,14 @@ class TokenBatch:
         """The sub-batch of the given rows, trimmed to its longest dialogue."""
         rows = torch.as_tensor(rows, dtype=torch.long)
         length = int(self.attention_mask[rows].sum(dim=1).max()) if len(rows) else 0
-        tensors = {
-            name: getattr(self, name)[rows][:, :length]
-            for name in (
-                "input_ids",
-                "attention_mask",
-                "response_mask",
-                "token_rewards",
-                "turn_ids",
-                "rollout_logprobs",
-            )
-        }
-        return TokenBatch(
-            **tensors,
-            group_index=self.group_index[rows],
-            returns=self.returns[rows],
-            images=[self.images[i] for i in rows.tolist()],
-        )
+        sliced = {}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if field.name == "images":
+                sliced[field.name] = [value[i] for i in rows.tolist()]
+            elif value is not None:
+                sliced[field.name] = value[rows] if value.dim() == 1 else value[rows][:, :length]
+        return replace(self, **sliced)
 
 
 def trajectories_to_batch(trajectories: list[Trajectory], pad_token_id: int) -> TokenBatch:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -280,8 +280,8 @@ class StarPOTrainer:
         return metrics
 
     # ---- the update ----------------------------------------------------------------------
-    def advantages(self, batch: TokenBatch) -> tuple[torch.Tensor, ...]:
-        """old log-probs, reference log-probs, old values, advantages, returns; all [B, T]."""
+    def with_training_tensors(self, batch: TokenBatch) -> TokenBatch:
+        """The batch with its old log-probs, reference log-probs, old values, advantages and value targets."""
         trainer, algo = self.cfg.trainer, self.cfg.algorithm
         processor = self.policy.processor
         temperature = self.cfg.rollout.temperature
@@ -310,21 +310,30 @@ class StarPOTrainer:
         advantages, returns = ADVANTAGE_ESTIMATORS.get(algo.advantage)(inputs, params)
         if algo.whiten_advantages:
             advantages = masked_whiten(advantages, batch.response_mask)
-        return old_logprobs, ref_logprobs, old_values, advantages, returns
+        value_targets = returns if old_values is not None else None
+        return replace(
+            batch,
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs,
+            old_values=old_values,
+            advantages=advantages,
+            value_targets=value_targets,
+        )
 
     def update(self, batch: TokenBatch) -> dict[str, float]:
         trainer = self.cfg.trainer
-        old_logprobs, ref_logprobs, old_values, advantages, returns = self.advantages(batch)
+        batch = self.with_training_tensors(batch)
         stats = UpdateStats.empty()
         mask = batch.response_mask
-        stats.add("rollout", {"advantage_abs_mean": (advantages.abs() * mask).sum() / mask.sum().clamp(min=1)})
-        if old_values is not None:
+        stats.add("rollout", {"advantage_abs_mean": (batch.advantages.abs() * mask).sum() / mask.sum().clamp(min=1)})
+        if batch.old_values is not None:
             # Once per iteration, over the whole batch, from the values the advantages were built with (not from
             # per-micro-batch values that are being updated, averaged).
-            stats.add("critic", {"explained_variance": explained_variance(old_values, returns, mask)})
+            ev = explained_variance(batch.old_values, batch.value_targets, mask)
+            stats.add("critic", {"explained_variance": ev})
         # Engines report the log-probs of the distribution they sampled from, the trainer scores softmax(logits/T):
         # any gap is rollout/training mismatch (precision, kernels, inputs, and top-p / top-k truncation if on).
-        gap = (batch.rollout_logprobs - old_logprobs).abs() * mask
+        gap = (batch.rollout_logprobs - batch.old_logprobs).abs() * mask
         stats.add("rollout", {"logprob_gap_mean": gap.sum() / mask.sum().clamp(min=1), "logprob_gap_max": gap.max()})
         shuffle = torch.Generator().manual_seed(derive_seed(self.cfg.seed, self.iteration, SHUFFLE_STREAM))
         # The policy and critic stay in eval mode while they learn: with dropout on, the new log-probs would
@@ -339,23 +348,11 @@ class StarPOTrainer:
                     optimizer.zero_grad(set_to_none=True)
                 whole_mask = batch.response_mask[mini]
                 for micro in _chunks(mini, trainer.micro_batch_size):
-                    tensors = (old_logprobs, ref_logprobs, old_values, advantages, returns)
-                    mb = batch.select(micro)
-                    self._micro_step(mb, *_rows(tensors, micro, mb.input_ids.shape[1]), whole_mask, stats)
+                    self._micro_step(batch.select(micro), whole_mask, stats)
                 self._optimizer_step(stats)
         return stats.means()
 
-    def _micro_step(
-        self,
-        mb: TokenBatch,
-        old_logprobs,
-        ref_logprobs,
-        old_values,
-        advantages,
-        returns,
-        whole_mask: torch.Tensor,
-        stats: UpdateStats,
-    ) -> None:
+    def _micro_step(self, mb: TokenBatch, whole_mask: torch.Tensor, stats: UpdateStats) -> None:
         """Forward/backward of one micro-batch, its losses weighted by its share of the mini-batch
         (`aggregation_share`), so the accumulated gradient equals the whole mini-batch's."""
         algo = self.cfg.algorithm
@@ -368,8 +365,8 @@ class StarPOTrainer:
             )
         pg_loss, pg_metrics = policy_loss(
             logprobs,
-            old_logprobs.to(device),
-            advantages.to(device),
+            mb.old_logprobs.to(device),
+            mb.advantages.to(device),
             mask,
             clip_low=algo.clip_low,
             clip_high=algo.clip_high,
@@ -379,9 +376,9 @@ class StarPOTrainer:
         )
         entropy_mean = aggregate_loss(entropy, mask, "token-mean")
         loss = pg_loss - algo.entropy_coef * aggregate_loss(entropy, mask, algo.loss_agg, norm_length=norm_length)
-        if ref_logprobs is not None:
+        if mb.ref_logprobs is not None:
             # Aggregated like the policy loss, so one share weights every term of the loss exactly.
-            kl_mat = kl_penalty(logprobs, ref_logprobs.to(device), algo.kl_kind)
+            kl_mat = kl_penalty(logprobs, mb.ref_logprobs.to(device), algo.kl_kind)
             loss = loss + algo.kl_coef * aggregate_loss(kl_mat, mask, algo.loss_agg, norm_length=norm_length)
             stats.add("loss", {"kl": aggregate_loss(kl_mat.detach(), mask, "token-mean")})
         (loss * aggregation_share(mb.response_mask, whole_mask, algo.loss_agg)).backward()
@@ -391,7 +388,12 @@ class StarPOTrainer:
             with self._autocast():
                 values = critic_forward(self.critic, mb, self.policy.processor)
             v_loss, v_metrics = value_loss(
-                values, old_values.to(device), returns.to(device), mask, clip=algo.value_clip, agg_mode="token-mean"
+                values,
+                mb.old_values.to(device),
+                mb.value_targets.to(device),
+                mask,
+                clip=algo.value_clip,
+                agg_mode="token-mean",
             )
             (v_loss * aggregation_share(mb.response_mask, whole_mask, "token-mean")).backward()
             stats.add("loss", {"value": v_loss})
@@ -467,8 +469,3 @@ def relative_change(before: list[torch.Tensor], after: list[torch.Tensor]) -> fl
 
 def _chunks(indices: torch.Tensor, size: int) -> list[torch.Tensor]:
     return [indices[i : i + size] for i in range(0, len(indices), size)]
-
-
-def _rows(tensors: tuple[torch.Tensor | None, ...], rows: torch.Tensor, length: int) -> list[torch.Tensor | None]:
-    """Select rows and trim to `length`, the rows' longest dialogue (as TokenBatch.select does)."""
-    return [None if t is None else t[rows, :length] for t in tensors]
