@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from envs_text.sokoban import BOX, BOX_ON_TARGET, FLOOR, PLAYER, PLAYER_ON_TARGET, TARGET, WALL, SokobanLevel
+from envs_text.sokoban_level import BOX, BOX_ON_TARGET, FLOOR, PLAYER, PLAYER_ON_TARGET, TARGET, WALL, SokobanLevel
 
 DATA_DIR = Path(__file__).parent / "data" / "boxoban"
 LEVEL_SETS: dict[str, str] = {"boxoban_test": "unfiltered_test_000.txt", "boxoban_hard": "hard_000.txt"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from envs_text.sokoban import TARGET, WALL, SokobanLevel, action_offsets
+from envs_text.sokoban_level import TARGET, WALL, SokobanLevel, action_offsets
 
 DEFAULT_MAX_STATES = 1_000_000
 

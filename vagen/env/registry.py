@@ -1,20 +1,27 @@
 """One registry of environments, backed by Gymnasium's.
 
-Built-in games register themselves when their package is imported (`envs_visual` registers
-every `vagen/…-v0` id). `vagen` itself never imports a concrete game: `make_env` imports the
-packages named in `ENV_PACKAGES` on first use, so `make_env("vagen/Sokoban-v0")` just works,
-and third-party packages can add themselves to that tuple or call `register_env` directly.
+Games register themselves when their package is imported (the built-in `envs_visual` registers
+every `vagen/…-v0` id). `vagen` itself never names a game package: on first use, `make_env` loads
+every package advertised in the `vagen.envs` entry-point group of the installed distributions
+(this project's pyproject.toml advertises `envs_visual`), so `make_env("vagen/Sokoban-v0")` just
+works and a third-party game package joins by declaring
+
+    [project.entry-points."vagen.envs"]
+    my_games = "my_games"        # a module that calls register_env(...) when imported
+
+(or by calling `register_env` itself before `make_env`).
 """
 
 from __future__ import annotations
 
-import importlib
+from importlib.metadata import entry_points
 from typing import Any
 
 import gymnasium
 
-ENV_PACKAGES: list[str] = ["envs_visual"]
+ENTRY_POINT_GROUP = "vagen.envs"
 _REGISTERED: dict[str, str] = {}
+_loaded_packages: list[str] = []
 
 
 def register_env(env_id: str, entry_point: str, **default_kwargs: Any) -> None:
@@ -30,8 +37,19 @@ def register_env(env_id: str, entry_point: str, **default_kwargs: Any) -> None:
 
 
 def _load_env_packages() -> None:
-    for package in ENV_PACKAGES:
-        importlib.import_module(package)
+    """Import every game package of the `vagen.envs` entry-point group, once."""
+    if _loaded_packages:
+        return
+    found = list(entry_points(group=ENTRY_POINT_GROUP))
+    if not found:
+        raise RuntimeError(
+            f"No game package is registered in the {ENTRY_POINT_GROUP!r} entry-point group, so no environment "
+            "is known. Install the project (python3 dev.py test, or pip install -e .) so that its pyproject.toml "
+            "entry points are registered."
+        )
+    for entry_point in found:
+        entry_point.load()
+        _loaded_packages.append(entry_point.value)
 
 
 def registered_envs() -> list[str]:
