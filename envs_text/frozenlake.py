@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from vagen.env.base import ActionResult, LanguageEnv
+from vagen.env.policies import relative_direction
 
 ACTIONS = ("Left", "Down", "Right", "Up")  # Gymnasium's action ids 0..3, in that order
 LEFT, DOWN, RIGHT, UP = range(4)
@@ -239,6 +240,26 @@ class FrozenLakeTextEnv(LanguageEnv):
             f"Actions: {', '.join(ACTIONS)} (one cell each; walking into the edge leaves you in place).{slippery}\n"
             "Rewards: 1 for reaching the goal, 0 otherwise. The episode ends at the goal or in a hole."
         )
+
+    def demo_reasoning(self) -> str:
+        """Where the goal is from the player and which neighbouring cells are holes, in relative words:
+        "goal is down-right of me, holes right." """
+        goal = next((r, row.index("G")) for r, row in enumerate(self.desc) if "G" in row)
+        here = self.player
+        holes = [
+            name.lower()
+            for name, (dr, dc) in zip(("Up", "Down", "Left", "Right"), ((-1, 0), (1, 0), (0, -1), (0, 1)), strict=True)
+            if 0 <= here[0] + dr < len(self.desc)
+            and 0 <= here[1] + dc < len(self.desc[0])
+            and self.desc[here[0] + dr][here[1] + dc] == "H"
+        ]
+        near = f"holes {' '.join(holes)}" if holes else "no hole next to me"
+        return f"goal is {relative_direction(goal[0] - here[0], goal[1] - here[1])} of me, {near}."
+
+    def key_cells(self) -> list[tuple[int, int]]:
+        """The player and the goal."""
+        goal = next((r, row.index("G")) for r, row in enumerate(self.desc) if "G" in row)
+        return [tuple(self.player), goal]
 
     def solver_actions(self) -> list[str]:
         """A shortest hole-free sequence of intended moves from the player to the goal ([] if none)."""

@@ -29,6 +29,7 @@ from envs_text.sokoban_level import (  # re-exported: the board is part of this 
 )
 from envs_text.sokoban_solver import solve
 from vagen.env.base import ActionResult, LanguageEnv
+from vagen.env.policies import relative_direction
 
 STEP_PENALTY = -0.1
 BOX_ON_TARGET_REWARD = 1.0
@@ -291,6 +292,31 @@ class SokobanTextEnv(LanguageEnv):
             return 0
         plan = self.solver_actions()
         return len(plan) if plan else 2 * sum(self._layout.shape)
+
+    def _key_objects(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """(row, col) of the player, of the first unplaced box and of the first free target (None when all placed)."""
+        grid = self.grid()
+        player = np.argwhere(np.isin(grid, (PLAYER, PLAYER_ON_TARGET)))[0]
+        boxes = np.argwhere(grid == BOX)
+        targets = np.argwhere(np.isin(grid, (TARGET, PLAYER_ON_TARGET)))
+        return player, (boxes[0] if len(boxes) else None), (targets[0] if len(targets) else None)
+
+    def demo_reasoning(self) -> str:
+        """Where the first unplaced box is from the player and where a free target is from the box, in relative
+        words: "box is up-left of me, target is down of box." """
+        player, box, target = self._key_objects()
+        if box is None or target is None:
+            return "all boxes are on targets."
+        box_from_me, target_from_box = relative_direction(*(box - player)), relative_direction(*(target - box))
+        return f"box is {box_from_me} of me, target is {target_from_box} of box."
+
+    def key_cells(self) -> list[tuple[int, int]]:
+        """Player, the box `demo_reasoning` names (a placed one when all are placed) and its target (or the box)."""
+        player, box, target = self._key_objects()
+        if box is None:
+            box = np.argwhere(self.grid() == BOX_ON_TARGET)[0]
+        target = box if target is None else target
+        return [tuple(int(v) for v in cell) for cell in (player, box, target)]
 
     def current_level(self) -> SokobanLevel:
         """The current position as a level (fixed layout, box cells, player cell)."""

@@ -6,7 +6,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from vagen.models.registry import MODEL_SOURCES, load_policy, load_processing, resolve_dtype
+from vagen.models.registry import load_policy, load_processing, model_sources, resolve_dtype
 from vagen.models.tiny import build_tiny_text_lm, build_tiny_vl
 
 MODEL_CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs" / "model").glob("*.yaml"))
@@ -16,7 +16,7 @@ MODEL_CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs" / "mo
 def test_every_model_config_names_a_registered_source(path):
     config = OmegaConf.load(path)
     assert config.name == path.stem
-    assert config.source in MODEL_SOURCES
+    assert config.source in model_sources()
     assert config.modality in ("vision", "text")
 
 

@@ -1,33 +1,33 @@
-"""Warm-start SFT of the tiny VL: demonstration structure, the SFT loss going down, and the cached build."""
+"""Supervised warm starts: demonstration structure, the SFT loss going down, the cached tiny_vl build, and
+scripts/sft.py end to end on the tiny test models."""
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from envs_text import sokoban as codes
+from vagen.env.policies import RELATIVE_DIRECTIONS
 from vagen.models.cache import read_stamp
 from vagen.models.tiny import build_tiny_vl, load_tiny_vl
-from vagen.models.warmstart import (
-    DIRECTIONS,
+from vagen.rollout import DialogueFormatter
+from vagen.sft import demos as demo_module
+from vagen.sft.demos import play_demo, sft_batch
+from vagen.sft.warmstart import (
     SHIPPED_DIR,
     WarmStartRecipe,
     build_warm_tiny_vl,
-    demonstrations,
     evaluate_model,
     held_out_seeds,
     make_sokoban_visual,
-    play_demo,
     pretrain_vision,
     read_report,
-    sft_batch,
     sft_loss,
-    sokoban_think,
     tile_direction_labels,
     train_sft,
 )
-from vagen.rollout import DialogueFormatter
 
 TEST_RECIPE = WarmStartRecipe(
     size="test",
@@ -41,6 +41,17 @@ TEST_RECIPE = WarmStartRecipe(
     eval_episodes=2,
     max_new_tokens=16,
 )
+
+
+def demonstrations(formatter, seeds, noise_eps):
+    return demo_module.demonstrations(make_sokoban_visual, formatter, seeds, noise_eps, name="sokoban_visual")
+
+
+def sokoban_at(grid: np.ndarray):
+    """A Sokoban env whose current position is `grid`."""
+    env = make_sokoban_visual(observation="text")
+    env.reset(options={"level": codes.SokobanLevel.from_grid(grid)})
+    return env.unwrapped
 
 
 @pytest.fixture(scope="module")
@@ -58,21 +69,23 @@ def test_think_text_names_relative_directions():
     grid = np.full((6, 6), codes.WALL, dtype=np.uint8)
     grid[1:5, 1:5] = codes.FLOOR
     grid[1, 3], grid[2, 2], grid[4, 3] = codes.PLAYER, codes.BOX, codes.TARGET
-    assert sokoban_think(grid) == "box is down-left of me, target is down-right of box."
+    assert sokoban_at(grid).demo_reasoning() == "box is down-left of me, target is down-right of box."
     grid[4, 3] = codes.FLOOR
     grid[2, 2] = codes.BOX_ON_TARGET
-    assert sokoban_think(grid) == "all boxes are on targets."
+    assert sokoban_at(grid).demo_reasoning() == "all boxes are on targets."
 
 
 def test_tile_labels_give_the_think_words_at_the_player_and_box_tiles():
     grid = np.full((6, 6), codes.WALL, dtype=np.uint8)
     grid[1:5, 1:5] = codes.FLOOR
     grid[1, 3], grid[2, 2], grid[4, 3] = codes.PLAYER, codes.BOX, codes.TARGET
-    labels = tile_direction_labels(grid)  # columns: player, box, target as seen from each tile
+    game = sokoban_at(grid)
+    assert game.key_cells() == [(1, 3), (2, 2), (4, 3)]
+    labels = tile_direction_labels(grid.shape, game.key_cells())  # columns: player, box, target from each tile
     assert labels.shape == (36, 3)
-    assert DIRECTIONS[labels[1 * 6 + 3, 1]] == "down-left"  # "box is down-left of me"
-    assert DIRECTIONS[labels[2 * 6 + 2, 2]] == "down-right"  # "target is down-right of box"
-    assert DIRECTIONS[labels[1 * 6 + 3, 0]] == "here" and DIRECTIONS[labels[0, 0]] == "down-right"
+    assert RELATIVE_DIRECTIONS[labels[1 * 6 + 3, 1]] == "down-left"  # "box is down-left of me"
+    assert RELATIVE_DIRECTIONS[labels[2 * 6 + 2, 2]] == "down-right"  # "target is down-right of box"
+    assert RELATIVE_DIRECTIONS[labels[1 * 6 + 3, 0]] == "here" and RELATIVE_DIRECTIONS[labels[0, 0]] == "down-right"
 
 
 def test_vision_pretraining_learns_and_sft_keeps_the_vision_tower_frozen(formatter):
@@ -104,7 +117,7 @@ def test_noise_free_demos_succeed_with_one_image_per_turn_and_the_end_token(form
 
 def test_sft_mask_covers_exactly_the_solver_responses(formatter):
     env, rng = make_sokoban_visual(), np.random.default_rng(3)
-    demos = [play_demo(env, formatter, seed, noise_eps=0.5, rng=rng) for seed in range(8)]
+    demos = [play_demo(env, formatter, seed, 0.5, rng, "sokoban_visual") for seed in range(8)]
     demos = [d for d in demos if d.trajectory.turns and not all(d.noisy_turns)]
     assert any(any(d.noisy_turns) for d in demos), "the noise should hit some turn of 8 episodes"
     batch = sft_batch(demos, formatter.tokenizer.pad_token_id)
@@ -163,7 +176,7 @@ def test_shipped_tiny_vl_is_the_current_recipe_and_plays_as_its_report_says(tmp_
     weights replay the report: greedy success on the report's held-out seeds within 3 of 128 episodes (CPU
     float reductions differ with the thread count, which can flip an episode or two)."""
     folder = build_warm_tiny_vl(cache_dir=tmp_path)  # the default recipe: no 15-minute build
-    assert folder.parent == SHIPPED_DIR, "the recipe changed: rebuild with scripts/build_tiny_vl.py and ship it"
+    assert folder.parent == SHIPPED_DIR, "the recipe changed: rebuild (scripts/sft.py with the defaults) and ship it"
     assert not list(tmp_path.glob("warm-*"))
     report = read_report(folder)
     model, processor = load_tiny_vl(folder)
@@ -171,3 +184,41 @@ def test_shipped_tiny_vl_is_the_current_recipe_and_plays_as_its_report_says(tmp_
     greedy = evaluate_model(model, processor, seeds, 0.0, report["recipe"]["max_new_tokens"])
     assert abs(greedy["success"] - report["eval"]["greedy"]["success"]) <= 3 / len(seeds)
     assert greedy["success"] > 2 * report["eval"]["random"]["success"]
+
+
+@pytest.mark.parametrize(
+    ("env", "model"), [("sokoban_visual", "tiny_vl_test"), ("frozenlake_text", "tiny_text_test")], ids=["vl", "text"]
+)
+def test_sft_script_end_to_end_writes_a_model_folder_report_and_config(env, model, tmp_path, monkeypatch):
+    """scripts/sft.py on the tiny test models: a loadable model folder, a report with held-out success before
+    and after SFT, and a model config that the trainer's loader reads."""
+    import subprocess
+    import sys
+
+    from hydra import compose, initialize_config_dir
+
+    from vagen.models.registry import load_policy
+
+    root = Path(__file__).resolve().parent.parent
+    name = f"sft_test_{env}_{tmp_path.name}"
+    entry = root / "configs" / "model" / f"{name}.yaml"
+    quick = ["sft.train_episodes=6", "sft.steps=3", "sft.batch_size=3", "sft.warmup_steps=1", "sft.bf16=false"]
+    quick += ["sft.vision_steps=2", "sft.vision_batch_size=4", "sft.eval_episodes=2", "sft.max_new_tokens=16"]
+    command = [sys.executable, str(root / "scripts" / "sft.py"), f"env={env}", f"model={model}", *quick]
+    command += [f"out={tmp_path / 'out'}", f"sft.config_name={name}"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, cwd=root, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "held-out before SFT" in done.stdout and "held-out after SFT" in done.stdout
+        report = read_report(tmp_path / "out")
+        assert report["env"] == env and report["recipe"]["steps"] == 3
+        for block in (report["eval_before"], report["eval"]):
+            assert {"greedy", "temperature_0.5"} <= set(block) and 0 <= block["greedy"]["success"] <= 1
+        assert report["eval"]["solver"]["success"] == 1.0
+        with initialize_config_dir(config_dir=str(root / "configs"), version_base=None):
+            cfg = compose("train", overrides=[f"env={env}", f"model={name}"])
+        assert cfg.model.path == str(tmp_path / "out")
+        policy = load_policy(cfg.model.name, cfg.model.source, cfg.model.modality, path=cfg.model.path)
+        assert sum(p.numel() for p in policy.model.parameters()) > 0
+    finally:
+        entry.unlink(missing_ok=True)

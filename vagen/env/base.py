@@ -172,6 +172,17 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
         Used by the built-in `solver` policy for demos, GIFs and the ceiling row of benchmarks."""
         raise NotImplementedError(f"{type(self).__name__} has no solver.")
 
+    def demo_reasoning(self) -> str:
+        """The `<think>` text a demonstration writes for the current state (supervised warm starts,
+        `scripts/sft.py`): what a player needs to see before choosing `solver_actions()`. Games
+        override it with words a small model can ground in the observation."""
+        raise NotImplementedError(f"{type(self).__name__} has no demonstration reasoning.")
+
+    def key_cells(self) -> list[tuple[int, int]]:
+        """(row, col) of the things the demonstration reasoning is about, player first: the labels of the
+        vision pre-training in supervised warm starts (each image tile learns their direction from it)."""
+        raise NotImplementedError(f"{type(self).__name__} names no key cells.")
+
     def _render_image(self) -> Image.Image:
         """The current state as an RGB image; implemented by the visual variants."""
         raise NotImplementedError(f"{type(self).__name__} has no image renderer.")

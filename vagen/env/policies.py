@@ -58,6 +58,20 @@ def describe_state(env: gymnasium.Env) -> str:
     return f"This is {type(game).__name__} after {getattr(game, '_turn', 0)} turn(s)."
 
 
+def relative_direction(delta_row: int, delta_col: int) -> str:
+    """'up-left', 'down', … for a (row, col) offset on a grid drawn top row first; 'here' for none.
+
+    Relative words because a small vision model without absolute position embeddings can compute "the box is
+    up-left of me" from an image, but not "(row 2, col 3)".
+    """
+    vertical = "up" if delta_row < 0 else "down" if delta_row > 0 else ""
+    horizontal = "left" if delta_col < 0 else "right" if delta_col > 0 else ""
+    return "-".join(part for part in (vertical, horizontal) if part) or "here"
+
+
+RELATIVE_DIRECTIONS = ("here", "up", "down", "left", "right", "up-left", "up-right", "down-left", "down-right")
+
+
 @POLICIES.register("solver")
 def solver_policy(env: gymnasium.Env, rng: np.random.Generator) -> str:
     """The game's oracle: the first `max_actions_per_turn` of `env.unwrapped.solver_actions()`."""

@@ -144,11 +144,11 @@ def build_agent(spec: ModelSpec, cfg: DictConfig, out_dir: Path) -> LocalAgent |
 
 def _disk_source(spec: ModelSpec, cfg: DictConfig, out_dir: Path) -> tuple[EngineSource, Any, Any]:
     """For engines that load weights from a folder (vLLM): the model's folder, a checkpoint exported to one."""
-    from vagen.models.registry import MODEL_SOURCES, load_processing
+    from vagen.models.registry import load_processing, model_folder
 
     config = spec.model_config
     assert config is not None, "local specs carry a model config"
-    folder = MODEL_SOURCES.get(config["source"])(config.get("path"), config.get("size"))
+    folder = model_folder(config["source"], config.get("path"), config.get("size"))
     if spec.checkpoint is not None:
         policy = load_local_policy(spec, "cpu")
         folder = export_for_vllm(spec, policy, out_dir / "_weights" / spec.label)

@@ -4,6 +4,10 @@ A source turns the config into a local folder (or a hub name) holding a transfor
 `load_policy` then loads it the same way whatever the source: `AutoModelForImageTextToText` plus a
 torchvision-free Qwen-VL processor for vision models, `AutoModelForCausalLM` plus its tokenizer for
 text models. Offline-built defaults (tiny_vl, smollm2_135m) are sources like any other.
+
+Sources built by higher layers (the supervised warm start of `tiny_vl` lives in `vagen.sft`, which trains
+with the rollout and the trainer's forward) register through the `vagen.model_sources` entry-point group,
+loaded on first lookup, so this module never imports them.
 """
 
 from __future__ import annotations
@@ -17,6 +21,25 @@ from vagen.registry import Registry
 
 MODALITIES = ("vision", "text")
 MODEL_SOURCES: Registry = Registry("model source")
+SOURCE_ENTRY_POINT_GROUP = "vagen.model_sources"
+_plugins_loaded: list[str] = []
+
+
+def model_sources() -> list[str]:
+    """Every source name, those of installed plugins (`vagen.model_sources` entry points) included."""
+    if not _plugins_loaded:
+        from importlib.metadata import entry_points
+
+        for entry_point in entry_points(group=SOURCE_ENTRY_POINT_GROUP):
+            entry_point.load()
+            _plugins_loaded.append(entry_point.value)
+    return MODEL_SOURCES.names()
+
+
+def model_folder(source: str, path: str | None = None, size: str | None = None) -> str:
+    """The local folder (or hub name) that `source` resolves the model config to, building it if it must."""
+    model_sources()
+    return MODEL_SOURCES.get(source)(path, size)
 
 
 @dataclass
@@ -50,28 +73,6 @@ def _smollm2(path: str | None, size: str | None) -> str:
     from vagen.models.smollm2 import build_smollm2
 
     return str(build_smollm2())
-
-
-# The test size gets a short recipe (~30 s on CPU): enough to write the response format reliably,
-# so tests exercise real <think> blocks (MI scoring, parsing) without the full warm start.
-QUICK_WARM_START = {
-    "train_episodes": 64,
-    "steps": 100,
-    "batch_size": 8,
-    "lr": 1e-2,
-    "vision_steps": 60,
-    "vision_batch_size": 16,
-    "eval_episodes": 8,
-}
-
-
-@MODEL_SOURCES.register("tiny_vl")
-def _tiny_vl(path: str | None, size: str | None) -> str:
-    from vagen.models.warmstart import WarmStartRecipe, build_warm_tiny_vl
-
-    size = size or "default"
-    recipe = WarmStartRecipe() if size == "default" else WarmStartRecipe(size=size, **QUICK_WARM_START)
-    return str(build_warm_tiny_vl(recipe=recipe))
 
 
 @MODEL_SOURCES.register("tiny_vl_random")
@@ -111,7 +112,7 @@ def load_policy(
     """Resolve the model's folder through its source and load it for its modality, on `device`."""
     if modality not in MODALITIES:
         raise ValueError(f"Unknown model.modality {modality!r}; use one of {MODALITIES}.")
-    folder = MODEL_SOURCES.get(source)(path, size)
+    folder = model_folder(source, path, size)
     device = torch.device(device)
     torch_dtype = resolve_dtype(dtype, device)
     try:
@@ -139,7 +140,7 @@ def load_policy(
 def load_processing(source: str, modality: str, *, path: str | None = None, size: str | None = None) -> tuple:
     """(tokenizer, image_processor or None) without the weights: config validation measures prompts with
     these before any model loads."""
-    folder = MODEL_SOURCES.get(source)(path, size)
+    folder = model_folder(source, path, size)
     if modality == "vision":
         from vagen.models.processor import load_processor
 

@@ -1,27 +1,17 @@
-"""Warm-start the tiny visual default model by supervised fine-tuning on noisy solver demonstrations.
+"""Supervised warm starts: fine-tune a model on any game's solver demonstrations before RL (`scripts/sft.py`).
 
-An untrained tiny Qwen2.5-VL never writes a well-formed answer, so RL from it has no signal. This
-module plays visual Sokoban with the game's solver, writes each turn as a short model-style
-response (`<think>` where the box and target are, relative to the player `</think><answer>` the
-solver's next moves `</answer>`), and trains the model on those responses with exactly the
-context layout the rollout uses (`DialogueFormatter`), so RL starts from a policy that plays.
-
-Why noise: a model trained only on perfect play has never seen a state off the solver's path and
-cannot recover from its own first mistake (DAgger's covariate shift). With probability
-`noise_eps` a turn plays random actions instead; that turn stays in the dialogue as context (the
-model sees the consequence) but is masked out of the loss, and the solver replans from the new
-state on the next turn, which is what the model learns to imitate.
-
-Why relative directions in the think text: the model has no absolute position embedding (mRoPE
-and the vision tower's 2-D rope are relative), so "box is up-left of me" is a thing its attention
-can compute from the image, whereas "(row 2, col 3)" is not.
+An untrained model never writes a well-formed answer, so RL from it has no signal. This module trains a
+model on noisy solver demonstrations (`vagen.sft.demos`) with exactly the context layout the rollout
+uses, evaluates it on held-out seeds before and after, and saves a model folder with a `report.json`.
+The visual default `tiny_vl` is one use of it (`build_warm_tiny_vl`: the tiny Qwen2.5-VL on
+sokoban_visual), cached by recipe and shipped with the package.
 
 Why the vision tower is pre-trained first (`pretrain_vision`) and then frozen: trained end to end,
-it gets ~100× smaller gradients than the text layers, and the model learns the format but ignores
-the image (version 1 of this recipe played no better than random).
+it gets ~100x smaller gradients than the text layers, and the model learns the format but ignores
+the image (version 1 of this recipe played no better than random). The pre-training labels are the
+directions, from every image tile, of the cells the game's `key_cells()` names (player, box, target).
 
-The result is cached with `build_once`, keyed by the recipe and the base model's stamp; a
-`report.json` in the folder records the held-out success rates and the training curve.
+The result is cached with `build_once`, keyed by the recipe and the base model's stamp.
 """
 
 from __future__ import annotations
@@ -31,7 +21,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,18 +32,18 @@ from tqdm.auto import tqdm
 from vagen.engines.base import SamplingParams
 from vagen.engines.hf import HFEngine
 from vagen.env import make_env
-from vagen.env.policies import POLICIES, format_response
+from vagen.env.policies import POLICIES, RELATIVE_DIRECTIONS, relative_direction
 from vagen.models.cache import build_once, cache_root, read_stamp
 from vagen.models.processor import save_processor
 from vagen.models.tiny import build_tiny_vl, load_tiny_vl
-from vagen.rollout import DialogueFormatter, RolloutSpec, Trajectory, Turn, collect_rollouts, trajectories_to_batch
+from vagen.rollout import DialogueFormatter, RolloutSpec, collect_rollouts
 from vagen.rollout.batch import TokenBatch
 from vagen.rollout.validation import episode_metrics
+from vagen.sft.demos import Demo, demonstrations, sft_batch
 from vagen.trainer.forward import policy_forward
 
 # Bump when anything below changes what a build produces (think text, masking, evaluation), so caches rebuild.
 WARMSTART_VERSION = 2
-NOISY_TURN_KEY = "demo_noisy"  # set in Turn.info of demo turns whose actions were random (masked out of the loss)
 SOKOBAN_VISUAL = {
     "observation": "image",
     "dim_room": (6, 6),
@@ -67,6 +57,7 @@ SOKOBAN_VISUAL = {
 HELD_OUT_FIRST_SEED = 1_000_000  # training seeds are 0..train_episodes-1: never overlapping
 # Finished builds committed with the package (weights, processor, report.json and the stamp of the recipe that
 # built them), so first contact skips the ~15-minute build; used only while the recipe is unchanged.
+# The tiny_vl recipe's game: configs/env/sokoban_visual.yaml.
 SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
 
 
@@ -96,145 +87,22 @@ class WarmStartRecipe:
     max_new_tokens: int = 48
 
 
-@dataclass
-class Demo:
-    """One demonstration: the trajectory plus which turns are noise."""
-
-    trajectory: Trajectory
-    noisy_turns: list[bool] = field(default_factory=list)
-    grids: list[np.ndarray] = field(default_factory=list)  # each turn's observed (H, W) tile codes
-
-
 # ---- demonstrations ----------------------------------------------------------------------------
 def make_sokoban_visual(**overrides: Any):
     """The sokoban_visual env of configs/env/sokoban_visual.yaml (6×6, 1 box, 28-px tiles, 5 turns × 3 actions)."""
     return make_env("vagen/Sokoban-v0", **{**SOKOBAN_VISUAL, **overrides})
 
 
-def _direction(delta_row: int, delta_col: int) -> str:
-    """'up-left', 'down', … for a (row, col) offset; 'here' for none."""
-    vertical = "up" if delta_row < 0 else "down" if delta_row > 0 else ""
-    horizontal = "left" if delta_col < 0 else "right" if delta_col > 0 else ""
-    return "-".join(part for part in (vertical, horizontal) if part) or "here"
-
-
-def _sokoban_objects(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(row, col) of the player, of the unplaced boxes (n, 2) and of the free targets (m, 2), row-major."""
-    from envs_text import sokoban as codes  # an env package; imported lazily so vagen never needs it at import
-
-    player = np.argwhere(np.isin(grid, (codes.PLAYER, codes.PLAYER_ON_TARGET)))[0]
-    boxes = np.argwhere(grid == codes.BOX)
-    targets = np.argwhere(np.isin(grid, (codes.TARGET, codes.PLAYER_ON_TARGET)))
-    return player, boxes, targets
-
-
-def sokoban_think(grid: np.ndarray) -> str:
-    """Where the (first unplaced) box is from the player and where its target is from the box.
-
-    grid: (H, W) uint8 Sokoban tile codes (`envs_text.sokoban`). Relative words only (see module doc).
-    """
-    player, boxes, targets = _sokoban_objects(grid)
-    if not len(boxes) or not len(targets):
-        return "all boxes are on targets."
-    box, target = boxes[0], targets[0]
-    box_dir = _direction(*(box - player))
-    target_dir = _direction(*(target - box))
-    return f"box is {box_dir} of me, target is {target_dir} of box."
-
-
-def demo_response(env, actions: list[str]) -> str:
-    """A free_think response: the state's think text and `actions` in the env's answer format."""
-    game = env.unwrapped
-    return format_response(game.response_format, actions, game.action_separator, sokoban_think(game.grid()))
-
-
-def _turn_actions(env, rng: np.random.Generator, noise_eps: float) -> tuple[list[str], bool] | None:
-    """The solver's next moves (or, with probability noise_eps, random ones); None when the solver is stuck."""
-    game = env.unwrapped
-    plan = list(game.solver_actions())
-    if not plan:
-        return None  # unsolvable (a box pushed into a corner by noise): nothing left to imitate
-    if rng.random() < noise_eps:
-        count = int(rng.integers(1, game.max_actions_per_turn + 1))
-        return [game.action_names[int(i)] for i in rng.integers(len(game.action_names), size=count)], True
-    return plan[: game.max_actions_per_turn], False
-
-
-def play_demo(env, formatter: DialogueFormatter, seed: int, noise_eps: float, rng: np.random.Generator) -> Demo:
-    """Play one episode with the (noisy) solver, recorded as the rollout would record a model's episode.
-
-    Each turn's response ids are the tokenised demo response followed by the end-of-message token
-    (the model learns to stop); `close_ids` and the next prompt come from `formatter`, so the ids
-    are those `collect_rollouts` would build had the model sampled this response.
-    """
-    tokenizer = formatter.tokenizer
-    end_ids = formatter.close_ids([], "length")[:1]  # the end-of-message token the engine stops on
-    trajectory, noisy, grids = Trajectory(group_id=seed, seed=seed, env_name="sokoban_visual"), [], []
-    observation, _ = env.reset(seed=seed)
-    prompt = formatter.first_prompt(observation)
-    while True:
-        choice = _turn_actions(env, rng, noise_eps)
-        if choice is None:
-            trajectory.end_reason = "unsolvable"
-            return Demo(trajectory, noisy, grids)
-        actions, is_noise = choice
-        text = demo_response(env, actions)
-        response_ids = tokenizer(text, add_special_tokens=False)["input_ids"] + end_ids
-        turn = Turn(observation=observation.text, images=list(observation.images), prompt_ids=prompt)
-        turn.response_ids, turn.response_text, turn.finish_reason = response_ids, text, "stop"
-        turn.response_logprobs = [0.0] * len(response_ids)
-        turn.close_ids = formatter.close_ids(response_ids, "stop")
-        grids.append(env.unwrapped.grid().copy())
-        observation, turn.reward, terminated, truncated, turn.info = env.step(text)
-        trajectory.turns.append(turn)
-        noisy.append(is_noise)
-        if terminated or truncated:
-            trajectory.terminated, trajectory.truncated = terminated, truncated
-            trajectory.end_reason = "success" if turn.info["success"] else "max_turns"
-            return Demo(trajectory, noisy, grids)
-        prompt = formatter.next_prompt(observation)
-
-
-def demonstrations(
-    formatter: DialogueFormatter, seeds: range | list[int], noise_eps: float, seed: int = 0
-) -> list[Demo]:
-    """Noisy-solver demos of sokoban_visual for `seeds`; demos whose first turn was already stuck are dropped."""
-    env, rng = make_sokoban_visual(), np.random.default_rng(seed)
-    demos = [play_demo(env, formatter, s, noise_eps, rng) for s in seeds]
-    env.close()
-    return [demo for demo in demos if demo.trajectory.turns and not all(demo.noisy_turns)]
-
-
-def sft_batch(demos: list[Demo], pad_token_id: int) -> TokenBatch:
-    """`trajectories_to_batch` of the demos with the noisy turns' responses taken out of the loss mask."""
-    batch = trajectories_to_batch([demo.trajectory for demo in demos], pad_token_id)
-    for row, demo in enumerate(demos):
-        for (start, end), is_noise in zip(demo.trajectory.response_spans(), demo.noisy_turns, strict=True):
-            if is_noise:
-                batch.response_mask[row, start:end] = 0.0
-    return batch
-
-
 # ---- vision pre-training -----------------------------------------------------------------------
-# The classes of `_direction`, in a fixed order: the labels of the vision probe.
-DIRECTIONS = ("here", "up", "down", "left", "right", "up-left", "up-right", "down-left", "down-right")
+def tile_direction_labels(shape: tuple[int, int], key_cells: list[tuple[int, int]]) -> np.ndarray:
+    """For every tile of an (H, W) board (row-major), the `RELATIVE_DIRECTIONS` index of each key cell seen from it.
 
-
-def tile_direction_labels(grid: np.ndarray) -> np.ndarray:
-    """For every tile (row-major), the `DIRECTIONS` index of the player, the box and the target seen from it.
-
-    grid: (H, W) uint8 tile codes. Returns (H·W, 3) int64. The box is the first unplaced one (the one
-    `sokoban_think` names), or a placed one when all are placed; the target likewise.
+    Returns (H·W, K) int64 for K key cells (the game's `key_cells()`, e.g. player, box, target).
     """
-    from envs_text import sokoban as codes
-
-    player, boxes, targets = _sokoban_objects(grid)
-    boxes = boxes if len(boxes) else np.argwhere(grid == codes.BOX_ON_TARGET)
-    targets = targets if len(targets) else boxes
-    tiles = np.argwhere(np.ones(grid.shape, dtype=bool))  # (H·W, 2) row-major, as the merged image tokens
-    labels = np.zeros((len(tiles), 3), dtype=np.int64)
-    for column, thing in enumerate((player, boxes[0], targets[0])):
-        labels[:, column] = [DIRECTIONS.index(_direction(*(thing - tile))) for tile in tiles]
+    tiles = np.argwhere(np.ones(shape, dtype=bool))  # (H·W, 2) row-major, as the merged image tokens
+    labels = np.zeros((len(tiles), len(key_cells)), dtype=np.int64)
+    for column, cell in enumerate(key_cells):
+        labels[:, column] = [RELATIVE_DIRECTIONS.index(relative_direction(*(np.array(cell) - tile))) for tile in tiles]
     return labels
 
 
@@ -249,16 +117,19 @@ def pretrain_vision(
 
     Why: trained end to end through the text model, the vision tower gets ~100× smaller gradients
     than the text layers and the SFT plateaus at guessing the direction words (the image is
-    ignored). Here a throw-away linear probe reads `DIRECTIONS` labels for all three objects off
-    every merged image token (one token is one 28-px tile), a dense signal that the vision tower's
+    ignored). Here a throw-away linear probe reads `RELATIVE_DIRECTIONS` labels of the game's key cells
+    off every merged image token (one token is one 28-px tile), a dense signal that the vision tower's
     2-D rope attention learns in a few hundred cheap image-only steps; SFT then only has to copy
     the feature from the player's / box's token into the think text. Returns the loss of every step.
     """
     images = [image for demo in demos for image in demo.trajectory.images]
-    grids = [grid for demo in demos for grid in demo.grids]
-    assert len(images) == len(grids)
+    boards = [(shape, cells) for demo in demos for shape, cells in zip(demo.grid_shapes, demo.key_cells, strict=True)]
+    if len(images) != len(boards) or not boards or not boards[0][1]:
+        raise ValueError(
+            "Vision pre-training needs one image per turn and a game with key_cells(); set vision_steps=0 for this env."
+        )
     visual = model.model.visual
-    probe = torch.nn.Linear(visual.merger.mlp[-1].out_features, 3 * len(DIRECTIONS))
+    probe = torch.nn.Linear(visual.merger.mlp[-1].out_features, len(boards[0][1]) * len(RELATIVE_DIRECTIONS))
     parameters = list(visual.parameters()) + list(probe.parameters())
     optimizer = torch.optim.AdamW(parameters, lr=recipe.vision_lr, weight_decay=recipe.weight_decay)
     generator, losses = np.random.default_rng(recipe.seed), []
@@ -270,9 +141,9 @@ def pretrain_vision(
             rows = generator.integers(len(images), size=recipe.vision_batch_size)
             processed = processor.image_processor(images=[images[i] for i in rows], return_tensors="pt")
             tokens = visual(processed["pixel_values"], grid_thw=processed["image_grid_thw"]).pooler_output  # (n, D)
-            labels = torch.as_tensor(np.concatenate([tile_direction_labels(grids[i]) for i in rows]))  # (n, 3)
+            labels = torch.as_tensor(np.concatenate([tile_direction_labels(*boards[i]) for i in rows]))  # (n, K)
             assert tokens.shape[0] == labels.shape[0], "one merged image token per tile"
-            logits = probe(tokens).view(-1, len(DIRECTIONS))
+            logits = probe(tokens).view(-1, len(RELATIVE_DIRECTIONS))
             loss = torch.nn.functional.cross_entropy(logits, labels.view(-1))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -329,10 +200,12 @@ def train_sft(
     demos: list[Demo],
     recipe: WarmStartRecipe,
     on_step: Callable[[int, float], None] | None = None,
+    pad_id: int | None = None,
 ) -> list[float]:
     """AdamW on `sft_loss` over shuffled mini-batches of demos; returns the loss of every step.
 
-    `on_step(step, loss)` is called after each step (progress printing).
+    `on_step(step, loss)` is called after each step (progress printing). `processor` is what the forward takes
+    (an image processor or a tokenizer); `pad_id` defaults to `processor.tokenizer`'s.
     """
     if not demos:
         raise ValueError("No demonstrations to train on; raise train_episodes.")
@@ -341,7 +214,8 @@ def train_sft(
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, recipe.steps, recipe.warmup_steps, recipe.lr_floor)
     )
-    pad_id = processor.tokenizer.pad_token_id
+    if pad_id is None:
+        pad_id = processor.tokenizer.pad_token_id
     device = next(model.parameters()).device
     order: list[int] = []
     losses = []
@@ -368,21 +242,33 @@ def train_sft(
 
 
 # ---- evaluation --------------------------------------------------------------------------------
+EnvFactory = Callable[[], Any]
+
+
 def evaluate_model(
-    model: torch.nn.Module, processor: Any, seeds: list[int], temperature: float, max_new_tokens: int = 48
+    model: torch.nn.Module,
+    processor: Any,
+    seeds: list[int],
+    temperature: float,
+    max_new_tokens: int = 48,
+    make: EnvFactory | None = None,
+    env_name: str = "sokoban_visual",
 ) -> dict[str, float]:
-    """Success rate, format-ok rate (over turns) and mean turns of the model on sokoban_visual `seeds`."""
-    formatter = DialogueFormatter(processor.tokenizer, processor.image_processor)
-    spec = RolloutSpec(group_seeds=list(seeds), group_size=1, max_context_tokens=4096, env_name="sokoban_visual")
+    """Success rate, format-ok rate (over turns) and mean turns of the model on `seeds` of `make` (sokoban_visual)."""
+    tokenizer, image_processor = getattr(processor, "tokenizer", processor), getattr(processor, "image_processor", None)
+    formatter = DialogueFormatter(tokenizer, image_processor)
+    spec = RolloutSpec(group_seeds=list(seeds), group_size=1, max_context_tokens=4096, env_name=env_name)
     sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=1234)
-    trajectories = collect_rollouts(make_sokoban_visual, HFEngine(model, processor), formatter, spec, sampling)
+    engine = HFEngine(model, image_processor or tokenizer)
+    trajectories = collect_rollouts(make or make_sokoban_visual, engine, formatter, spec, sampling)
     metrics = episode_metrics(trajectories)
     return {key: metrics[key] for key in ("success", "format_ok", "turns")}
 
 
-def evaluate_scripted(policy: str, seeds: list[int], seed: int = 0) -> dict[str, float]:
-    """Success rate of a built-in policy (`random`, `solver`) on sokoban_visual `seeds`."""
-    env, act, rng = make_sokoban_visual(observation="text"), POLICIES.get(policy), np.random.default_rng(seed)
+def evaluate_scripted(policy: str, seeds: list[int], seed: int = 0, make: EnvFactory | None = None) -> dict[str, float]:
+    """Success rate of a built-in policy (`random`, `solver`) on `seeds` of `make` (sokoban_visual)."""
+    env = make() if make is not None else make_sokoban_visual(observation="text")
+    act, rng = POLICIES.get(policy), np.random.default_rng(seed)
     successes = []
     for episode_seed in seeds:
         env.reset(seed=episode_seed)
@@ -402,18 +288,29 @@ def held_out_seeds(count: int) -> list[int]:
     return list(range(HELD_OUT_FIRST_SEED, HELD_OUT_FIRST_SEED + count))
 
 
-def evaluate_all(model: torch.nn.Module, processor: Any, recipe: WarmStartRecipe) -> dict[str, Any]:
-    """The report's evaluation block: the model greedy and at the recipe's temperature, random, solver."""
+def evaluate_all(
+    model: torch.nn.Module,
+    processor: Any,
+    recipe: WarmStartRecipe,
+    make: EnvFactory | None = None,
+    env_name: str = "sokoban_visual",
+    scripted: bool = True,
+) -> dict[str, Any]:
+    """The report's evaluation block: the model greedy and at the recipe's temperature (and random, solver)."""
     seeds = held_out_seeds(recipe.eval_episodes)
-    return {
+
+    def model_at(temperature: float) -> dict[str, float]:
+        return evaluate_model(model, processor, seeds, temperature, recipe.max_new_tokens, make, env_name)
+
+    block: dict[str, Any] = {
         "seeds": [seeds[0], seeds[-1]],
-        "greedy": evaluate_model(model, processor, seeds, 0.0, recipe.max_new_tokens),
-        f"temperature_{recipe.eval_temperature:g}": evaluate_model(
-            model, processor, seeds, recipe.eval_temperature, recipe.max_new_tokens
-        ),
-        "random": evaluate_scripted("random", seeds),
-        "solver": evaluate_scripted("solver", seeds),
+        "greedy": model_at(0.0),
+        f"temperature_{recipe.eval_temperature:g}": model_at(recipe.eval_temperature),
     }
+    if scripted:
+        block["random"] = evaluate_scripted("random", seeds, make=make)
+        block["solver"] = evaluate_scripted("solver", seeds, make=make)
+    return block
 
 
 # ---- build and load ----------------------------------------------------------------------------
@@ -426,32 +323,49 @@ def _loss_summary(losses: list[float]) -> dict[str, Any]:
     }
 
 
-def warm_start(base: Path, recipe: WarmStartRecipe, folder: Path) -> dict[str, Any]:
-    """Train the model in `base` by the recipe, save it into `folder` with its `report.json`; return the report.
+def warm_start(
+    model: torch.nn.Module,
+    processor: Any,
+    recipe: WarmStartRecipe,
+    folder: Path,
+    make: EnvFactory | None = None,
+    env_name: str = "sokoban_visual",
+    evaluate_before: bool = False,
+) -> dict[str, Any]:
+    """Train `model` by the recipe on `make`'s demonstrations, save it into `folder` with its `report.json`.
 
-    A progress bar with an ETA covers the vision pre-training and SFT steps (the long part of a build).
+    `processor` is the VL processor (tokenizer + image processor) or a text model's tokenizer. A progress bar
+    with an ETA covers the vision pre-training and SFT steps (the long part). With `evaluate_before`, the report
+    also holds the held-out evaluation of the model before SFT ("eval_before").
     """
     started = time.perf_counter()
-    model, processor = load_tiny_vl(base)
-    formatter = DialogueFormatter(processor.tokenizer, processor.image_processor)
-    demos = demonstrations(formatter, range(recipe.train_episodes), recipe.noise_eps, recipe.seed)
+    make = make or make_sokoban_visual
+    tokenizer, image_processor = getattr(processor, "tokenizer", processor), getattr(processor, "image_processor", None)
+    before = evaluate_all(model, processor, recipe, make, env_name, scripted=False) if evaluate_before else None
+    formatter = DialogueFormatter(tokenizer, image_processor)
+    demos = demonstrations(make, formatter, range(recipe.train_episodes), recipe.noise_eps, recipe.seed, env_name)
     demo_seconds = time.perf_counter() - started
-    bar = tqdm(total=recipe.vision_steps + recipe.steps, desc=f"building tiny_vl ({recipe.size}, once)", unit="step")
+    vision_steps = recipe.vision_steps if image_processor is not None else 0
+    bar = tqdm(total=vision_steps + recipe.steps, desc=f"warm start on {env_name} (once)", unit="step")
 
     def on_step(step: int, loss: float) -> None:
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
 
-    vision_losses = pretrain_vision(model, processor, demos, recipe, on_step) if recipe.vision_steps else []
+    vision_losses = pretrain_vision(model, processor, demos, recipe, on_step) if vision_steps else []
     vision_seconds = time.perf_counter() - started - demo_seconds
-    losses = train_sft(model, processor, demos, recipe, on_step)
+    losses = train_sft(model, image_processor or tokenizer, demos, recipe, on_step, pad_id=tokenizer.pad_token_id)
     bar.close()
     train_seconds = time.perf_counter() - started - demo_seconds - vision_seconds
     model.eval()
     model.save_pretrained(folder)
-    save_processor(processor, folder)
+    if image_processor is not None:
+        save_processor(processor, folder)
+    else:
+        tokenizer.save_pretrained(folder)
     report = {
         "recipe": asdict(recipe),
+        "env": env_name,
         "demos": {
             "episodes": len(demos),
             "solver_turns": sum(n.count(False) for n in (d.noisy_turns for d in demos)),
@@ -462,14 +376,16 @@ def warm_start(base: Path, recipe: WarmStartRecipe, folder: Path) -> dict[str, A
         "train_loss": _loss_summary(losses),
         "seconds": {"demos": demo_seconds, "vision": vision_seconds, "train": train_seconds},
     }
-    report["eval"] = evaluate_all(model, processor, recipe)
+    if before is not None:
+        report["eval_before"] = before
+    report["eval"] = evaluate_all(model, processor, recipe, make, env_name)
     report["seconds"]["total"] = time.perf_counter() - started
     (folder / "report.json").write_text(json.dumps(report, indent=2))
     return report
 
 
 def build_warm_tiny_vl(cache_dir: str | Path | None = None, recipe: WarmStartRecipe | None = None) -> Path:
-    """Return the folder of the warm-started tiny Qwen2.5-VL, training it once (several minutes on CPU).
+    """Return the folder of the warm-started tiny Qwen2.5-VL (sokoban_visual), training it once (minutes on CPU).
 
     The folder holds what `load_tiny_vl` reads plus `report.json`. It is rebuilt when the recipe,
     this module's version or the base model (its tokenizer corpus, size, seed) changes.
@@ -482,7 +398,7 @@ def build_warm_tiny_vl(cache_dir: str | Path | None = None, recipe: WarmStartRec
     shipped = SHIPPED_DIR / target.name
     if read_stamp(shipped) == stamp:
         return shipped  # the build of exactly this recipe and base that ships with the package
-    return build_once(target, stamp, lambda folder: warm_start(base, recipe, folder))
+    return build_once(target, stamp, lambda folder: warm_start(*load_tiny_vl(base), recipe, folder))
 
 
 def load_warm_tiny_vl(cache_dir: str | Path | None = None, recipe: WarmStartRecipe | None = None, **load_kwargs):

@@ -1,0 +1,124 @@
+"""Demonstrations for supervised warm starts: any game's solver, written as the model would write it.
+
+Each turn's response is the game's `demo_reasoning()` in `<think>` and the solver's next moves in
+`<answer>`, in the env's own response format, tokenised and laid out exactly as `collect_rollouts`
+would record a model's episode (`DialogueFormatter`), so SFT trains the very ids RL will sample.
+
+Why noise: a model trained only on perfect play has never seen a state off the solver's path and
+cannot recover from its own first mistake (DAgger's covariate shift). With probability `noise_eps`
+a turn plays random actions instead; that turn stays in the dialogue as context (the model sees the
+consequence) but is masked out of the loss, and the solver replans from the new state on the next
+turn, which is what the model learns to imitate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import gymnasium
+import numpy as np
+
+from vagen.env.policies import format_response
+from vagen.rollout import DialogueFormatter, Trajectory, Turn, trajectories_to_batch
+from vagen.rollout.batch import TokenBatch
+
+
+@dataclass
+class Demo:
+    """One demonstration: the trajectory, which turns are noise, and each turn's key cells and grid shape."""
+
+    trajectory: Trajectory
+    noisy_turns: list[bool] = field(default_factory=list)
+    key_cells: list[list[tuple[int, int]]] = field(default_factory=list)  # `LanguageEnv.key_cells()` per turn
+    grid_shapes: list[tuple[int, int]] = field(default_factory=list)  # (H, W) of the board per turn
+
+
+def demo_response(env: gymnasium.Env, actions: list[str]) -> str:
+    """The game's demonstration reasoning and `actions`, in the env's response format."""
+    game = env.unwrapped
+    return format_response(game.response_format, actions, game.action_separator, game.demo_reasoning())
+
+
+def _turn_actions(env: gymnasium.Env, rng: np.random.Generator, noise_eps: float) -> tuple[list[str], bool] | None:
+    """The solver's next moves (or, with probability noise_eps, random ones); None when the solver is stuck."""
+    game = env.unwrapped
+    plan = list(game.solver_actions())
+    if not plan:
+        return None  # unsolvable (e.g. a box pushed into a corner by noise): nothing left to imitate
+    if rng.random() < noise_eps:
+        count = int(rng.integers(1, game.max_actions_per_turn + 1))
+        return [game.action_names[int(i)] for i in rng.integers(len(game.action_names), size=count)], True
+    return plan[: game.max_actions_per_turn], False
+
+
+def _board(env: gymnasium.Env) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+    """Key cells and grid shape of the current state; none for games without a board."""
+    game = env.unwrapped
+    try:
+        return game.key_cells(), tuple(game.grid().shape)
+    except (NotImplementedError, AttributeError):
+        return [], (0, 0)
+
+
+def play_demo(
+    env: gymnasium.Env, formatter: DialogueFormatter, seed: int, noise_eps: float, rng: np.random.Generator, name: str
+) -> Demo:
+    """Play one episode with the (noisy) solver, recorded as the rollout would record a model's episode.
+
+    Each turn's response ids are the tokenised demo response followed by the end-of-message token
+    (the model learns to stop); `close_ids` and the next prompt come from `formatter`.
+    """
+    tokenizer = formatter.tokenizer
+    end_ids = formatter.close_ids([], "length")[:1]  # the end-of-message token the engine stops on
+    demo = Demo(Trajectory(group_id=seed, seed=seed, env_name=name))
+    observation, _ = env.reset(seed=seed)
+    prompt = formatter.first_prompt(observation)
+    while True:
+        choice = _turn_actions(env, rng, noise_eps)
+        if choice is None:
+            demo.trajectory.end_reason = "unsolvable"
+            return demo
+        actions, is_noise = choice
+        text = demo_response(env, actions)
+        response_ids = tokenizer(text, add_special_tokens=False)["input_ids"] + end_ids
+        turn = Turn(observation=observation.text, images=list(observation.images), prompt_ids=prompt)
+        turn.response_ids, turn.response_text, turn.finish_reason = response_ids, text, "stop"
+        turn.response_logprobs = [0.0] * len(response_ids)
+        turn.close_ids = formatter.close_ids(response_ids, "stop")
+        cells, shape = _board(env)
+        demo.key_cells.append(cells)
+        demo.grid_shapes.append(shape)
+        observation, turn.reward, terminated, truncated, turn.info = env.step(text)
+        demo.trajectory.turns.append(turn)
+        demo.noisy_turns.append(is_noise)
+        if terminated or truncated:
+            demo.trajectory.terminated, demo.trajectory.truncated = terminated, truncated
+            demo.trajectory.end_reason = "success" if turn.info["success"] else "max_turns"
+            return demo
+        prompt = formatter.next_prompt(observation)
+
+
+def demonstrations(
+    make_env: Callable[[], gymnasium.Env],
+    formatter: DialogueFormatter,
+    seeds: range | list[int],
+    noise_eps: float,
+    seed: int = 0,
+    name: str = "env",
+) -> list[Demo]:
+    """Noisy-solver demos for `seeds`; demos whose every turn was noise (or that never started) are dropped."""
+    env, rng = make_env(), np.random.default_rng(seed)
+    demos = [play_demo(env, formatter, s, noise_eps, rng, name) for s in seeds]
+    env.close()
+    return [demo for demo in demos if demo.trajectory.turns and not all(demo.noisy_turns)]
+
+
+def sft_batch(demos: list[Demo], pad_token_id: int) -> TokenBatch:
+    """`trajectories_to_batch` of the demos with the noisy turns' responses taken out of the loss mask."""
+    batch = trajectories_to_batch([demo.trajectory for demo in demos], pad_token_id)
+    for row, demo in enumerate(demos):
+        for (start, end), is_noise in zip(demo.trajectory.response_spans(), demo.noisy_turns, strict=True):
+            if is_noise:
+                batch.response_mask[row, start:end] = 0.0
+    return batch
