@@ -30,3 +30,13 @@ def test_env_config_builds_and_plays(path):
         height, width = env.unwrapped.grid().shape
         assert obs.images[0].size == (width * kwargs["tile_px"], height * kwargs["tile_px"])
     env.step(env.action_space.sample())
+
+
+@pytest.mark.parametrize("preset", ["grpo", "drgrpo", "ppo", "dapo", "starpo_s"])
+def test_algorithm_presets_state_only_what_differs_from_the_base(preset):
+    folder = Path(__file__).resolve().parent.parent / "configs" / "algorithm"
+    base = OmegaConf.to_container(OmegaConf.load(folder / "base.yaml"))
+    raw = OmegaConf.to_container(OmegaConf.load(folder / f"{preset}.yaml"))
+    stated = {k: v for k, v in raw.get("algorithm", raw).items() if k not in ("defaults", "name")}
+    assert set(stated) <= set(base), f"{preset} sets options the base does not document: {set(stated) - set(base)}"
+    assert all(base[k] != v for k, v in stated.items()), f"{preset} restates base values: {stated}"
