@@ -308,3 +308,51 @@ def test_a_resumed_vllm_run_samples_from_the_restored_weights(tmp_path, smollm2,
         for g, i in zip(restored, initial, strict=True)
     ]
     assert any(moved), "the checkpoint's weights should differ from the initial ones"
+
+
+def test_lora_training_with_vllm_rollouts_samples_from_the_adapted_policy(smollm2, contexts, greedy, monkeypatch):
+    """trainer.lora with rollout=vllm: after LoRA updates the engine (its own copy of SmolLM2) is synced with the
+    merged weights W + scale·B·A, so it samples what the adapted policy would."""
+    from hydra import compose, initialize_config_dir
+
+    from vagen.trainer.starpo import StarPOTrainer
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    overrides = [
+        "env=bandit_text",
+        "model=smollm2_135m",
+        "trainer.groups=2",
+        "trainer.group_size=2",
+        "trainer.mini_batch_size=4",
+        "trainer.micro_batch_size=2",
+        "trainer.lr=1e-2",
+        "trainer.eval_every=0",
+        "trainer.lora.enabled=true",
+        "trainer.lora.target_modules=[q_proj,v_proj]",
+        "rollout=vllm",
+        "rollout.max_new_tokens=8",
+        "rollout.max_context_tokens=1024",
+        "+rollout.engine_kwargs.dtype=float32",
+        "rollout.engine_kwargs.enforce_eager=true",
+        "+rollout.engine_kwargs.max_model_len=1024",
+        "logger.wandb_mode=disabled",
+    ]
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "configs"), version_base=None):
+        trainer = StarPOTrainer(compose("train", overrides=overrides))
+    try:
+        for _ in range(2):  # LoRA's B starts at zero: the second step moves the adapted function
+            trainer.train_iteration()
+        sampled = trainer.engine.generate(contexts[:3], greedy)
+        adapted = HFEngine(trainer.model).generate(contexts[:3], greedy)
+        initial = HFEngine(smollm2[0]).generate(contexts[:3], greedy)
+    finally:
+        trainer.close()
+    assert [g.token_ids for g in sampled] == [g.token_ids for g in adapted]
+    for got, want in zip(sampled, adapted, strict=True):
+        torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=LOGPROB_ATOL, rtol=0)
+    moved = [
+        (a.token_ids != i.token_ids)
+        or not torch.allclose(torch.tensor(a.logprobs), torch.tensor(i.logprobs), atol=100 * LOGPROB_ATOL)
+        for a, i in zip(adapted, initial, strict=True)
+    ]
+    assert any(moved), "two LoRA steps at lr 1e-2 should change the policy"

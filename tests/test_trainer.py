@@ -140,7 +140,6 @@ def test_resume_is_exact(tmp_path):
         ([*TEXT, "filter=top_p", "filter.value=1.5"], "top_p needs value in"),
         ([*TEXT, "rollout.engine=api"], "rollout.engine=api cannot train"),
         ([*TEXT, "trainer.lora.enabled=true", "trainer.lora.dropout=0.05"], "Set trainer.lora.dropout=0"),
-        ([*TEXT, "trainer.lora.enabled=true", "rollout=vllm"], "not supported yet"),
     ],
 )
 def test_incompatible_configs_fail_before_any_model_loads(overrides, message, monkeypatch):
@@ -168,6 +167,30 @@ def test_lora_trains_only_adapters():
     changed = {name for name, p in trainer.model.named_parameters() if not torch.equal(p, before[name])}
     adapters = {name for name in before if "lora_" in name}
     assert adapters and changed == adapters
+
+
+def test_merged_lora_weights_are_the_adapted_model_under_plain_names():
+    """What a vLLM engine receives with LoRA: loaded into a plain copy of the base model, it gives the adapted
+    model's logits exactly (W + scale·B·A), with no peft parameter names."""
+    from vagen.models.lora import add_lora, merged_state_dict
+    from vagen.models.registry import load_policy
+
+    cfg = config(TEXT)
+    adapted = load_policy(cfg.model.name, cfg.model.source, cfg.model.modality, size=cfg.model.size).model
+    plain = load_policy(cfg.model.name, cfg.model.source, cfg.model.modality, size=cfg.model.size).model
+    add_lora(adapted, r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"])
+    with torch.no_grad():
+        for name, parameter in adapted.named_parameters():
+            if "lora_" in name:
+                parameter.normal_(0, 0.3, generator=torch.Generator().manual_seed(len(name)))
+    merged = merged_state_dict(adapted)
+    assert merged.keys() == plain.state_dict().keys()
+    plain.load_state_dict(merged)
+    ids = torch.randint(0, 100, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want, got = adapted(ids).logits, plain(ids).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got, load_policy(cfg.model.name, cfg.model.source, "text", size="test").model(ids).logits)
 
 
 def test_ctrl_c_mid_run_keeps_the_last_checkpoint(tmp_path, monkeypatch):

@@ -25,3 +25,25 @@ def add_lora(model: torch.nn.Module, r: int, alpha: int, dropout: float, target_
 def lora_kwargs(lora_cfg: Any) -> dict[str, Any]:
     """The `add_lora` arguments from a `trainer.lora` config block."""
     return {key: lora_cfg[key] for key in ("r", "alpha", "dropout", "target_modules")}
+
+
+@torch.no_grad()
+def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights with every LoRA adapter folded into its base weight (W + scale·B·A), under the plain
+    model's parameter names (no `base_layer`, no `lora_A/B`): what an engine with its own copy of the base
+    model (vLLM) loads to sample from the adapted policy. A model without adapters gives its own state dict."""
+    from peft.tuners.lora import LoraLayer
+
+    layers = {name: module for name, module in model.named_modules() if isinstance(module, LoraLayer)}
+    merged = {}
+    for key, tensor in model.state_dict().items():
+        if ".lora_" in key:
+            continue  # folded into the base weight below
+        prefix, found, leaf = key.partition(".base_layer.")
+        if found:
+            layer = layers[prefix]
+            if leaf == "weight":
+                tensor = tensor + sum(layer.get_delta_weight(adapter) for adapter in layer.active_adapters)
+            key = f"{prefix}.{leaf}"
+        merged[key] = tensor
+    return merged

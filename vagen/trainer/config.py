@@ -149,11 +149,6 @@ def validate_config(cfg: Any) -> None:
             "that the old and new log-probs come from the same function and the first PPO ratio is exactly 1. "
             "Set trainer.lora.dropout=0."
         )
-    if trainer.lora.enabled and rollout.engine == "vllm":
-        raise ValueError(
-            "trainer.lora.enabled=true with rollout=vllm is not supported yet: vLLM cannot load peft's adapter "
-            "parameter names. Use rollout=hf with LoRA, or train all weights with rollout=vllm."
-        )
     if trainer.lora.enabled:
         try:
             import peft  # noqa: F401

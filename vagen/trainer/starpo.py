@@ -32,7 +32,7 @@ from vagen.engines import EngineSource, SamplingParams, build_engine
 from vagen.engines.base import derive_seed
 from vagen.env import make_env
 from vagen.filtering import apply_empty_policy, select_groups
-from vagen.models.lora import add_lora, lora_kwargs
+from vagen.models.lora import add_lora, lora_kwargs, merged_state_dict
 from vagen.models.registry import load_policy, load_processing
 from vagen.models.value import ValueModel
 from vagen.rollout import (
@@ -418,7 +418,11 @@ class StarPOTrainer:
 
     def sync_engine(self) -> None:
         """Make the rollout engine sample from the policy's current weights (a no-op for the shared hf engine)."""
-        self.engine.update_weights(self.model.state_dict())
+        if self.cfg.trainer.lora.enabled and self.cfg.rollout.engine != "hf":
+            # An engine with its own copy of the base model knows no peft names: send W + scale·B·A instead.
+            self.engine.update_weights(merged_state_dict(self.model))
+        else:
+            self.engine.update_weights(self.model.state_dict())
 
     def close(self) -> None:
         """Release the rollout engine's resources (vLLM's memory and worker processes)."""
