@@ -3,7 +3,7 @@
 Same model (fp32), same batch of chat prompts, same number of new tokens (no stop tokens, so every
 sequence generates exactly that many), in one run; prints a table with tokens/s and the ratio. Also
 times the transformers engine on the tiny Qwen2.5-VL with one image per prompt when
-`vagen.models.tiny` is available, and the vLLM engine on it when vLLM can run it.
+`vagen.bootstrap.tiny` is available, and the vLLM engine on it when vLLM can run it.
 
     python scripts/bench_rollout.py --batch 32 --new-tokens 64
 
@@ -95,9 +95,9 @@ def tiny_vl_contexts(processor, batch: int, side: int) -> list:
 def bench_tiny_vl(batch: int, new_tokens: int, side: int) -> list[tuple[str, float, int]]:
     """Rows for the tiny Qwen2.5-VL (one `side`x`side` image per prompt); [] with a note if unavailable."""
     try:
-        from vagen.models.tiny import build_tiny_vl, load_tiny_vl
+        from vagen.bootstrap.tiny import build_tiny_vl, load_tiny_vl
     except ImportError as error:
-        print(f"tiny_vl skipped: vagen.models.tiny is not available ({error})")
+        print(f"tiny_vl skipped: vagen.bootstrap.tiny is not available ({error})")
         return []
     from vagen.engines import EngineSource, HFEngine, SamplingParams, build_engine
 

@@ -1,6 +1,6 @@
 """Supervised warm start of any model on any env's solver demonstrations: `python scripts/sft.py env=... model=...`.
 
-Options: configs/sft.yaml (the `sft:` block is `vagen.sft.warmstart.WarmStartRecipe`), plus the env/ and model/
+Options: configs/sft.yaml (the `sft:` block is `vagen.bootstrap.warmstart.WarmStartRecipe`), plus the env/ and model/
 groups of training. Writes `out` (a model folder usable as `model.path=`), its `report.json` with held-out success
 before and after SFT, and `configs/model/<sft.config_name>.yaml`, so `python scripts/train.py model=<name>`
 starts RL from it. With the defaults and `model=tiny_vl_random` it is the recipe of the shipped `tiny_vl`.
@@ -13,10 +13,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from vagen.bootstrap.warmstart import WarmStartRecipe, warm_start
 from vagen.env import make_env
 from vagen.models.processor import load_processor
 from vagen.models.registry import load_policy
-from vagen.sft.warmstart import WarmStartRecipe, warm_start
 from vagen.trainer.config import check_overrides
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"

@@ -1,10 +1,10 @@
 """The import directions of DESIGN.md, read from the source with `ast` (lazy imports inside functions included).
 
-scripts → vagen.eval, vagen.sft → vagen.trainer → (rollout, engines, algos, filtering, diagnostics, viz, logging)
+scripts → vagen.eval, vagen.bootstrap → vagen.trainer → (rollout, engines, algos, filtering, diagnostics, viz, logging)
 → models, env → registry. `algos` and `filtering` are pure tensor code. Nothing in `vagen` names a game package
-(`envs_text`, `envs_visual`): games are found through the `vagen.envs` entry points, and model sources built by
-upper layers (tiny_vl, by vagen.sft) through `vagen.model_sources`. Game packages import only `vagen.env`
-(and `envs_visual` may reuse `envs_text`).
+(`envs_text`, `envs_visual`): games are found through the `vagen.envs` entry points, and the models built
+offline (tiny models, the tiny_vl warm start: vagen.bootstrap) through `vagen.model_sources`. Game packages
+import only `vagen.env` (and `envs_visual` may reuse `envs_text`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GAMES = {"envs_text", "envs_visual"}
 EVERYTHING = {
     "registry", "env", "algos", "filtering", "logging", "models", "engines", "rollout", "diagnostics", "viz",
-    "trainer", "eval", "sft",
+    "trainer", "eval", "bootstrap",
 }  # fmt: skip
 # What each part of vagen may import (besides itself). Anything else, and any game package, is a violation.
 ALLOWED = {
@@ -28,13 +28,13 @@ ALLOWED = {
     "algos": {"registry"},
     "filtering": {"registry"},
     "logging": {"registry"},
-    "models": {"registry", "env"},  # env: the tiny tokenizer's corpus comes from registered envs, by id
+    "models": {"registry"},
     "engines": {"registry", "models", "env"},
     "rollout": {"registry", "engines", "env", "models"},
     "diagnostics": {"registry", "algos", "models", "rollout"},
     "viz": {"registry", "env", "rollout", "logging"},
-    "trainer": EVERYTHING - {"trainer", "eval", "sft"},
-    "sft": EVERYTHING - {"sft", "eval"},  # supervised warm starts reuse the rollout and the trainer's forward
+    "trainer": EVERYTHING - {"trainer", "eval", "bootstrap"},
+    "bootstrap": EVERYTHING - {"bootstrap", "eval"},  # supervised warm starts reuse the rollout and trainer forward
     "eval": EVERYTHING - {"eval"},
 }
 

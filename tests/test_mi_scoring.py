@@ -7,6 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
+from vagen.bootstrap.tiny import build_tiny_text_lm, build_tiny_vl, load_tiny_text_lm, load_tiny_vl
 from vagen.diagnostics.mi import mi_metrics
 from vagen.diagnostics.scoring import (
     Reasoning,
@@ -23,7 +24,6 @@ from vagen.diagnostics.scoring import (
 from vagen.engines import HFEngine, SamplingParams
 from vagen.env import make_env
 from vagen.env.policies import POLICIES
-from vagen.models.tiny import build_tiny_text_lm, build_tiny_vl, load_tiny_text_lm, load_tiny_vl
 from vagen.rollout import DialogueFormatter, RolloutSpec, Trajectory, Turn, collect_rollouts
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from vagen.bootstrap.tiny import build_tiny_text_lm, build_tiny_vl
 from vagen.models.registry import load_policy, load_processing, model_sources, resolve_dtype
-from vagen.models.tiny import build_tiny_text_lm, build_tiny_vl
 
 MODEL_CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs" / "model").glob("*.yaml"))
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from vagen.bootstrap.tiny import build_tiny_text_lm, build_tiny_vl, load_tiny_text_lm, load_tiny_vl
 from vagen.engines import Context, HFEngine, SamplingParams
 from vagen.env import make_env
-from vagen.models.tiny import build_tiny_text_lm, build_tiny_vl, load_tiny_text_lm, load_tiny_vl
 from vagen.rollout import DialogueFormatter, RolloutSpec, collect_rollouts, trajectories_to_batch
 
 SAMPLING = SamplingParams(max_new_tokens=24, temperature=1.0, seed=7)

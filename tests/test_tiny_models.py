@@ -8,16 +8,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from vagen.models.chat_template import QWEN_VL_CHAT_TEMPLATE, QWEN_VL_SPECIAL_TOKENS
-from vagen.models.processor import (
-    DEFAULT_MAX_PIXELS,
-    DEFAULT_MIN_PIXELS,
-    image_token_count,
-    load_processor,
-    make_processor,
-    save_processor,
-)
-from vagen.models.tiny import (
+from vagen.bootstrap.tiny import (
     TINY_SIZES,
     build_tiny_text_lm,
     build_tiny_vl,
@@ -27,6 +18,15 @@ from vagen.models.tiny import (
     mrope_section,
     tiny_corpus,
     train_tiny_tokenizer,
+)
+from vagen.models.chat_template import QWEN_VL_CHAT_TEMPLATE, QWEN_VL_SPECIAL_TOKENS
+from vagen.models.processor import (
+    DEFAULT_MAX_PIXELS,
+    DEFAULT_MIN_PIXELS,
+    image_token_count,
+    load_processor,
+    make_processor,
+    save_processor,
 )
 
 

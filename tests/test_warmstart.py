@@ -9,13 +9,10 @@ import pytest
 import torch
 
 from envs_text import sokoban as codes
-from vagen.env.policies import RELATIVE_DIRECTIONS
-from vagen.models.cache import read_stamp
-from vagen.models.tiny import build_tiny_vl, load_tiny_vl
-from vagen.rollout import DialogueFormatter
-from vagen.sft import demos as demo_module
-from vagen.sft.demos import play_demo, sft_batch
-from vagen.sft.warmstart import (
+from vagen.bootstrap import demos as demo_module
+from vagen.bootstrap.demos import play_demo, sft_batch
+from vagen.bootstrap.tiny import build_tiny_vl, load_tiny_vl
+from vagen.bootstrap.warmstart import (
     SHIPPED_DIR,
     WarmStartRecipe,
     build_warm_tiny_vl,
@@ -28,6 +25,9 @@ from vagen.sft.warmstart import (
     tile_direction_labels,
     train_sft,
 )
+from vagen.env.policies import RELATIVE_DIRECTIONS
+from vagen.models.cache import read_stamp
+from vagen.rollout import DialogueFormatter
 
 TEST_RECIPE = WarmStartRecipe(
     size="test",

@@ -67,7 +67,7 @@ def make_processor(
     if IMAGE_PAD not in tokenizer.get_vocab():
         raise ValueError(
             f"The tokenizer has no {IMAGE_PAD!r} token, so images cannot be placed in the text; use a Qwen2.5-VL "
-            "tokenizer (vagen.models.tiny or vagen.models.qwen_tokenizer)."
+            "tokenizer (vagen.bootstrap.tiny or vagen.models.qwen_tokenizer)."
         )
     image_processor = make_image_processor(min_pixels, max_pixels)
     return QwenVLProcessor(image_processor, tokenizer, chat_template=tokenizer.chat_template)
@@ -86,7 +86,7 @@ def load_processor(folder: str | Path) -> QwenVLProcessor:
         if not (folder / name).is_file():
             raise FileNotFoundError(
                 f"{folder / name} is missing: {folder} does not hold a saved processor. Build one with "
-                "vagen.models.tiny.build_tiny_vl() or save it with vagen.models.processor.save_processor()."
+                "vagen.bootstrap.tiny.build_tiny_vl() or save it with vagen.models.processor.save_processor()."
             )
     tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
     image_processor = Qwen2VLImageProcessorPil.from_pretrained(folder)

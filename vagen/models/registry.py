@@ -5,9 +5,9 @@ A source turns the config into a local folder (or a hub name) holding a transfor
 torchvision-free Qwen-VL processor for vision models, `AutoModelForCausalLM` plus its tokenizer for
 text models. Offline-built defaults (tiny_vl, smollm2_135m) are sources like any other.
 
-Sources built by higher layers (the supervised warm start of `tiny_vl` lives in `vagen.sft`, which trains
-with the rollout and the trainer's forward) register through the `vagen.model_sources` entry-point group,
-loaded on first lookup, so this module never imports them.
+Sources that build models offline (the tiny models and the supervised warm start of `tiny_vl`, in
+`vagen.bootstrap`, which trains with the rollout and the trainer's forward) register through the
+`vagen.model_sources` entry-point group, loaded on first lookup, so this module never imports them.
 """
 
 from __future__ import annotations
@@ -73,20 +73,6 @@ def _smollm2(path: str | None, size: str | None) -> str:
     from vagen.models.smollm2 import build_smollm2
 
     return str(build_smollm2())
-
-
-@MODEL_SOURCES.register("tiny_vl_random")
-def _tiny_vl_random(path: str | None, size: str | None) -> str:
-    from vagen.models.tiny import build_tiny_vl
-
-    return str(build_tiny_vl(size=size or "default"))
-
-
-@MODEL_SOURCES.register("tiny_text")
-def _tiny_text(path: str | None, size: str | None) -> str:
-    from vagen.models.tiny import build_tiny_text_lm
-
-    return str(build_tiny_text_lm(size=size or "default"))
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

@@ -1,7 +1,7 @@
 """Supervised warm starts: fine-tune a model on any game's solver demonstrations before RL (`scripts/sft.py`).
 
 An untrained model never writes a well-formed answer, so RL from it has no signal. This module trains a
-model on noisy solver demonstrations (`vagen.sft.demos`) with exactly the context layout the rollout
+model on noisy solver demonstrations (`vagen.bootstrap.demos`) with exactly the context layout the rollout
 uses, evaluates it on held-out seeds before and after, and saves a model folder with a `report.json`.
 The visual default `tiny_vl` is one use of it (`build_warm_tiny_vl`: the tiny Qwen2.5-VL on
 sokoban_visual), cached by recipe and shipped with the package.
@@ -29,17 +29,17 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from vagen.bootstrap.demos import Demo, demonstrations, sft_batch
+from vagen.bootstrap.tiny import build_tiny_vl, load_tiny_vl
 from vagen.engines.base import SamplingParams
 from vagen.engines.hf import HFEngine
 from vagen.env import make_env
 from vagen.env.policies import POLICIES, RELATIVE_DIRECTIONS, relative_direction
 from vagen.models.cache import build_once, cache_root, read_stamp
 from vagen.models.processor import save_processor
-from vagen.models.tiny import build_tiny_vl, load_tiny_vl
 from vagen.rollout import DialogueFormatter, RolloutSpec, collect_rollouts
 from vagen.rollout.batch import TokenBatch
 from vagen.rollout.validation import episode_metrics
-from vagen.sft.demos import Demo, demonstrations, sft_batch
 from vagen.trainer.forward import policy_forward
 
 # Bump when anything below changes what a build produces (think text, masking, evaluation), so caches rebuild.
@@ -65,7 +65,7 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
 class WarmStartRecipe:
     """Everything that decides what the warm-started model is (all of it goes into the cache stamp)."""
 
-    size: str = "default"  # tiny model size (`vagen.models.tiny.TINY_SIZES`)
+    size: str = "default"  # tiny model size (`vagen.bootstrap.tiny.TINY_SIZES`)
     base_seed: int = 0  # seed of the untrained base model's weights
     train_episodes: int = 2400  # demonstration episodes (seeds 0..train_episodes-1)
     noise_eps: float = 0.25  # probability that a demo turn plays random actions instead of the solver's
