@@ -420,3 +420,35 @@ def test_select_slices_the_training_tensors_with_their_dialogues():
         assert torch.equal(getattr(part, name), getattr(batch, name)[rows, :length]), name
     assert part.ref_logprobs is not None and torch.equal(part.ref_logprobs, batch.ref_logprobs[rows, :length])
     assert torch.equal(part.group_index, batch.group_index[rows]) and len(part.images) == 2
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        TEXT,  # one mini-batch: no separate old-log-prob pass at all
+        [*TEXT, "trainer.groups=2", "trainer.group_size=4", "trainer.ppo_epochs=2"],  # 2 mini-batches, 2 epochs
+        [*VISUAL, "algorithm=ppo", "trainer.bf16=true"],
+    ],
+    ids=["one-mini-batch", "two-mini-batches-two-epochs", "visual-ppo-bf16"],
+)
+def test_reusing_the_first_forward_gives_the_plain_paths_gradients(overrides, monkeypatch):
+    """trainer.reuse_first_forward skips the no-grad pass for the first mini-batch's old log-probs; every optimizer
+    step must see the gradients and the loss metrics of the plain path (old log-probs all precomputed)."""
+    grads = []
+
+    def record_gradients(self, stats):
+        grads.append({n: q.grad.clone() for n, q in self.model.named_parameters() if q.grad is not None})
+
+    monkeypatch.setattr(StarPOTrainer, "_optimizer_step", record_gradients)
+    plain = StarPOTrainer(config([*overrides, "trainer.reuse_first_forward=false"]))
+    fast = StarPOTrainer(config([*overrides, "trainer.reuse_first_forward=true"]))
+    batch = starpo.trajectories_to_batch(plain.rollout(), pad_token_id=plain.policy.tokenizer.pad_token_id or 0)
+    plain_metrics, fast_metrics = plain.update(batch), fast.update(batch)
+    assert len(grads) % 2 == 0 and grads
+    steps = len(grads) // 2
+    for want, got in zip(grads[:steps], grads[steps:], strict=True):
+        assert want.keys() == got.keys()
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], atol=1e-6, rtol=1e-5, msg=name)
+    for name in ("loss/policy", "policy/ratio_mean", "policy/clipfrac", "rollout/logprob_gap_mean"):
+        assert fast_metrics[name] == pytest.approx(plain_metrics[name], abs=1e-6), name

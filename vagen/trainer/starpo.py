@@ -280,15 +280,25 @@ class StarPOTrainer:
         return metrics
 
     # ---- the update ----------------------------------------------------------------------
-    def with_training_tensors(self, batch: TokenBatch) -> TokenBatch:
-        """The batch with its old log-probs, reference log-probs, old values, advantages and value targets."""
+    def with_training_tensors(self, batch: TokenBatch, fresh: torch.Tensor | None = None) -> TokenBatch:
+        """The batch with its old log-probs, reference log-probs, old values, advantages and value targets.
+
+        fresh: [B] bool, rows whose old log-probs the first mini-batch's own forward will provide (they are left 0
+        here and filled in by `update`), which saves their separate no-grad forward pass.
+        """
         trainer, algo = self.cfg.trainer, self.cfg.algorithm
         processor = self.policy.processor
         temperature = self.cfg.rollout.temperature
         # Same function, precision (autocast) and mode (no dropout) as the update's forward passes, so the
         # PPO ratio of the first on-policy step is exactly 1.
         with self._autocast():
-            old_logprobs = batched_logprobs(self.model, batch, processor, trainer.micro_batch_size, temperature)
+            old_logprobs = torch.zeros(batch.input_ids.shape)
+            stale = torch.arange(len(batch)) if fresh is None else (~fresh).nonzero().flatten()
+            if len(stale):
+                scored = batched_logprobs(
+                    self.model, batch.select(stale), processor, trainer.micro_batch_size, temperature
+                )
+                old_logprobs[stale, : scored.shape[1]] = scored
             ref_logprobs = None
             if self.reference is not None:
                 ref_logprobs = batched_logprobs(self.reference, batch, processor, trainer.micro_batch_size, temperature)
@@ -322,7 +332,14 @@ class StarPOTrainer:
 
     def update(self, batch: TokenBatch) -> dict[str, float]:
         trainer = self.cfg.trainer
-        batch = self.with_training_tensors(batch)
+        shuffle = torch.Generator().manual_seed(derive_seed(self.cfg.seed, self.iteration, SHUFFLE_STREAM))
+        first_order = torch.randperm(len(batch), generator=shuffle)
+        # The first mini-batch is trained on before any weight changes: its old log-probs are exactly the new ones of
+        # its own forward (detached), so their separate no-grad pass is skipped (`trainer.reuse_first_forward`).
+        fresh = torch.zeros(len(batch), dtype=torch.bool)
+        if trainer.reuse_first_forward:
+            fresh[first_order[: trainer.mini_batch_size]] = True
+        batch = self.with_training_tensors(batch, fresh)
         stats = UpdateStats.empty()
         mask = batch.response_mask
         stats.add("rollout", {"advantage_abs_mean": (batch.advantages.abs() * mask).sum() / mask.sum().clamp(min=1)})
@@ -331,30 +348,37 @@ class StarPOTrainer:
             # per-micro-batch values that are being updated, averaged).
             ev = explained_variance(batch.old_values, batch.value_targets, mask)
             stats.add("critic", {"explained_variance": ev})
-        # Engines report the log-probs of the distribution they sampled from, the trainer scores softmax(logits/T):
-        # any gap is rollout/training mismatch (precision, kernels, inputs, and top-p / top-k truncation if on).
-        gap = (batch.rollout_logprobs - batch.old_logprobs).abs() * mask
-        stats.add("rollout", {"logprob_gap_mean": gap.sum() / mask.sum().clamp(min=1), "logprob_gap_max": gap.max()})
-        shuffle = torch.Generator().manual_seed(derive_seed(self.cfg.seed, self.iteration, SHUFFLE_STREAM))
         # The policy and critic stay in eval mode while they learn: with dropout on, the new log-probs would
         # come from a different function than the old ones and the first step's ratio would not be 1.
         self.model.eval()
         if self.critic is not None:
             self.critic.eval()
-        for _ in range(trainer.ppo_epochs):
-            order = torch.randperm(len(batch), generator=shuffle)
+        for epoch in range(trainer.ppo_epochs):
+            order = first_order if epoch == 0 else torch.randperm(len(batch), generator=shuffle)
             for mini in _chunks(order, trainer.mini_batch_size):
                 for optimizer in self.optimizers.values():
                     optimizer.zero_grad(set_to_none=True)
                 whole_mask = batch.response_mask[mini]
                 for micro in _chunks(mini, trainer.micro_batch_size):
-                    self._micro_step(batch.select(micro), whole_mask, stats)
+                    mb = batch.select(micro)
+                    logprobs = self._micro_step(mb, whole_mask, stats, fresh[micro])
+                    if bool(fresh[micro].any()):  # keep them: later epochs and the gap metric read old log-probs
+                        rows = micro[fresh[micro]]
+                        batch.old_logprobs[rows, : logprobs.shape[1]] = logprobs[fresh[micro]]
+                fresh[:] = False
                 self._optimizer_step(stats)
+        # Engines report the log-probs of the distribution they sampled from, the trainer scores softmax(logits/T):
+        # any gap is rollout/training mismatch (precision, kernels, inputs, and top-p / top-k truncation if on).
+        gap = (batch.rollout_logprobs - batch.old_logprobs).abs() * mask
+        stats.add("rollout", {"logprob_gap_mean": gap.sum() / mask.sum().clamp(min=1), "logprob_gap_max": gap.max()})
         return stats.means()
 
-    def _micro_step(self, mb: TokenBatch, whole_mask: torch.Tensor, stats: UpdateStats) -> None:
+    def _micro_step(
+        self, mb: TokenBatch, whole_mask: torch.Tensor, stats: UpdateStats, fresh: torch.Tensor
+    ) -> torch.Tensor:
         """Forward/backward of one micro-batch, its losses weighted by its share of the mini-batch
-        (`aggregation_share`), so the accumulated gradient equals the whole mini-batch's."""
+        (`aggregation_share`), so the accumulated gradient equals the whole mini-batch's. Rows marked `fresh` take
+        their old log-probs from this very forward (detached). Returns the log-probs [b, t], detached, on CPU."""
         algo = self.cfg.algorithm
         device = next(self.model.parameters()).device
         mask = mb.response_mask.to(device)
@@ -363,9 +387,10 @@ class StarPOTrainer:
             logprobs, entropy = policy_forward(
                 self.model, mb, self.policy.processor, with_entropy=True, temperature=self.cfg.rollout.temperature
             )
+        old_logprobs = torch.where(fresh.to(device)[:, None], logprobs.detach(), mb.old_logprobs.to(device))
         pg_loss, pg_metrics = policy_loss(
             logprobs,
-            mb.old_logprobs.to(device),
+            old_logprobs,
             mb.advantages.to(device),
             mask,
             clip_low=algo.clip_low,
@@ -399,6 +424,7 @@ class StarPOTrainer:
             stats.add("loss", {"value": v_loss})
             v_metrics.pop("explained_variance")  # logged once per iteration in `update`
             stats.add("critic", v_metrics)
+        return logprobs.detach().float().cpu()
 
     def _optimizer_step(self, stats: UpdateStats) -> None:
         max_norm = self.cfg.trainer.max_grad_norm
