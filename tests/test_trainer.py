@@ -287,8 +287,8 @@ def test_explained_variance_is_one_number_from_rollout_time_values(monkeypatch):
     seen = {}
     original = StarPOTrainer.with_training_tensors
 
-    def recording(self, batch):
-        out = original(self, batch)
+    def recording(self, batch, fresh=None):
+        out = original(self, batch, fresh)
         seen["expected"] = explained_variance(out.old_values, out.value_targets, batch.response_mask)
         return out
 
