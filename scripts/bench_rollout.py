@@ -1,4 +1,4 @@
-"""Generation throughput of the rollout engines: transformers ("hf") vs vLLM on SmolLM2-135M-Instruct.
+"""Generation throughput of the rollout engines: ours ("hf") vs `transformers.generate` vs vLLM on SmolLM2-135M.
 
 Same model (fp32), same batch of chat prompts, same number of new tokens (no stop tokens, so every
 sequence generates exactly that many), in one run; prints a table with tokens/s and the ratio. Also
@@ -46,6 +46,36 @@ def time_generate(engine, contexts: list, sampling) -> tuple[float, int]:
     return time.perf_counter() - start, sum(len(g.token_ids) for g in generations)
 
 
+class GenerateBaseline:
+    """`model.generate` (sampling, left padding, exactly `max_new_tokens` each) behind the engine's `generate` call,
+    so the same timer measures it: the reference our own decoding loop must keep up with."""
+
+    def __init__(self, model, pad_id: int) -> None:
+        self.model, self.pad_id = model, pad_id
+
+    def generate(self, contexts: list, sampling) -> list:
+        import torch
+
+        from vagen.engines.base import Generation
+        from vagen.engines.hf import left_pad
+
+        input_ids, attention_mask = left_pad(contexts, self.pad_id, torch.device("cpu"))
+        torch.manual_seed(sampling.seed or 0)
+        with torch.no_grad():
+            out = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                do_sample=True,
+                temperature=sampling.temperature,
+                top_k=0,
+                max_new_tokens=sampling.max_new_tokens,
+                min_new_tokens=sampling.max_new_tokens,
+                pad_token_id=self.pad_id,
+            )
+        new = out[:, input_ids.shape[1] :].tolist()
+        return [Generation(ids, [0.0] * len(ids), "length") for ids in new]
+
+
 def bench_smollm2(batch: int, new_tokens: int) -> list[tuple[str, float, int]]:
     """Rows (engine, seconds, tokens) for the hf and vllm engines on SmolLM2."""
     import torch
@@ -58,6 +88,8 @@ def bench_smollm2(batch: int, new_tokens: int) -> list[tuple[str, float, int]]:
     contexts = smollm2_contexts(tokenizer, batch)
     sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, seed=0)  # no stop ids: all full length
     rows = [("hf", *time_generate(HFEngine(model), contexts, sampling))]
+    baseline = GenerateBaseline(model, tokenizer.pad_token_id or 0)
+    rows.append(("hf .generate", *time_generate(baseline, contexts, sampling)))
     try:
         import vagen.engines.vllm_engine  # noqa: F401  (registers "vllm")
 

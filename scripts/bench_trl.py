@@ -1,6 +1,7 @@
 """Our StarPO iteration against TRL's GRPOTrainer on the same work, side by side in one process.
 
     python scripts/bench_trl.py [model=smollm2_135m|tiny_text_test] [iterations=6] [threads=2] [trl_checkpointing=true]
+    python scripts/bench_trl.py profile=true [model=...]   # torch.profiler top ops of our iteration, before/after
 
 Needs TRL (`pip install -e .[bench]`; never a dependency of the package). The work, identical for both:
 the single-turn bandit (`env=bandit_text`), 8 prompts × 4 samples, 24 new tokens, temperature 1, GRPO
@@ -8,9 +9,11 @@ advantages (group mean and std), the sequence-mean-token-mean loss (TRL's `loss_
 model (beta = kl_coef = 0), one optimizer step per iteration, fp32 on CPU. The prompts are our env's first
 prompts, and TRL receives them as text that re-tokenises to exactly the same ids (checked). TRL runs with
 its default gradient checkpointing unless trl_checkpointing=false. MI diagnostics and validation are off on
-our side (they are not part of TRL's step); MI scoring is timed separately as a fraction of our iteration.
+our side (they are not part of TRL's step); MI scoring is timed separately, on the visual default (tiny_vl on
+sokoban_visual, whose responses have <think> blocks), as a fraction of its iteration.
 
-Prints per-phase medians over iterations 2..N (the first warms caches) and our/TRL ratios.
+Prints per-phase medians over iterations 2..N (the first warms caches) and our/TRL ratios, also for our trainer
+with `trainer.reuse_first_forward=false` (a separate no-grad pass for the old log-probs, as before that option).
 """
 
 from __future__ import annotations
@@ -60,8 +63,8 @@ def our_config(model: str, extra: list[str] = ()):
         return compose("train", overrides=overrides)
 
 
-def run_ours(model: str, iterations: int) -> list[dict[str, float]]:
-    trainer = StarPOTrainer(our_config(model))
+def run_ours(model: str, iterations: int, extra: list[str] = ()) -> list[dict[str, float]]:
+    trainer = StarPOTrainer(our_config(model, extra))
     rows = []
     for _ in range(iterations):
         metrics = trainer.train_iteration()
@@ -75,9 +78,13 @@ def run_ours(model: str, iterations: int) -> list[dict[str, float]]:
     return rows
 
 
-def mi_fraction(model: str, iterations: int) -> float:
-    """Median MI scoring time over the median iteration time, with diagnostics every iteration."""
-    trainer = StarPOTrainer(our_config(model, ["diagnostics.compute_freq=1"]))
+def mi_fraction(iterations: int) -> float:
+    """Median MI scoring time over the median iteration time of the visual default (tiny_vl on sokoban_visual, whose
+    responses have <think> blocks to score), with the MI proxies computed every iteration."""
+    overrides = ["diagnostics.compute_freq=1", "trainer.eval_every=0", "trainer.viz_every=0"]
+    overrides += ["logger.wandb_mode=disabled", "logger.progress=false"]
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        trainer = StarPOTrainer(compose("train", overrides=overrides))
     mi, total = [], []
     for _ in range(iterations):
         metrics = trainer.train_iteration()
@@ -168,6 +175,17 @@ def run_trl(model: str, iterations: int, checkpointing: bool) -> list[dict[str, 
     return [{"rollout": g, "update": s - g, "iteration": s} for g, s in zip(generate_times, step_times, strict=True)]
 
 
+def profile_ours(model: str, extra: list[str], top: int = 12) -> str:
+    """torch.profiler table (self CPU time) of one of our iterations, after a warm-up iteration."""
+    from torch.profiler import ProfilerActivity, profile
+
+    trainer = StarPOTrainer(our_config(model, extra))
+    trainer.train_iteration()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        trainer.train_iteration()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+
+
 def medians(rows: list[dict[str, float]]) -> dict[str, float]:
     later = rows[1:] if len(rows) > 1 else rows
     return {key: statistics.median(row[key] for row in later) for key in ("rollout", "update", "iteration")}
@@ -175,23 +193,33 @@ def medians(rows: list[dict[str, float]]) -> dict[str, float]:
 
 def main() -> None:
     model = option("model", "smollm2_135m")
+    if option("profile", "false").lower() == "true":  # profile=true: only the profiles, with and without the reuse
+        torch.set_num_threads(int(option("threads", str(torch.get_num_threads()))))
+        for extra in (["trainer.reuse_first_forward=false"], []):
+            print(f"\nour iteration, {' '.join(extra) or 'defaults'}:\n{profile_ours(model, extra)}")
+        return
     iterations = int(option("iterations", "6"))
     threads = int(option("threads", str(torch.get_num_threads())))
     checkpointing = option("trl_checkpointing", "true").lower() == "true"
     torch.set_num_threads(threads)
     trl = medians(run_trl(model, iterations, checkpointing))
     ours = medians(run_ours(model, iterations))
+    # The separate no-grad pass for old log-probs that this repository used to make (before reuse_first_forward).
+    plain = medians(run_ours(model, iterations, ["trainer.reuse_first_forward=false"]))
     print(f"\nmodel={model}, {GROUPS} prompts x {GROUP_SIZE} samples, {NEW_TOKENS} new tokens, {threads} threads, "
           f"medians of iterations 2..{iterations}")  # fmt: skip
     print("| | rollout / generate (s) | update / train (s) | iteration (s) |")
     print("|---|---|---|---|")
     label = f"TRL GRPOTrainer (gradient checkpointing {'on' if checkpointing else 'off'})"
-    for name, row in ((label, trl), ("ours (StarPOTrainer)", ours)):
+    rows = ((label, trl), ("ours (StarPOTrainer)", ours), ("ours, trainer.reuse_first_forward=false", plain))
+    for name, row in rows:
         print(f"| {name} | {row['rollout']:.2f} | {row['update']:.2f} | {row['iteration']:.2f} |")
-    ratio = {key: ours[key] / trl[key] for key in ours}
-    print(f"| ours / TRL | {ratio['rollout']:.2f}x | {ratio['update']:.2f}x | **{ratio['iteration']:.2f}x** |")
+    for name, row in (("ours / TRL", ours), ("ours without reuse / TRL", plain)):
+        ratio = {key: row[key] / trl[key] for key in row}
+        print(f"| {name} | {ratio['rollout']:.2f}x | {ratio['update']:.2f}x | **{ratio['iteration']:.2f}x** |")
     if option("mi", "true").lower() == "true":
-        print(f"MI scoring every iteration: {mi_fraction(model, min(iterations, 4)):.2f} of our iteration time")
+        fraction = mi_fraction(min(iterations, 4))
+        print(f"MI scoring (every iteration) on the visual default: {fraction:.2f} of its iteration time")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Q
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from vagen.engines import ENGINES, Context, EngineSource, Generation, HFEngine, SamplingParams, build_engine
-from vagen.engines.hf import restrict_to_top_k, restrict_to_top_p, sample_next_tokens
+from vagen.engines.hf import distinct_contexts, restrict_to_top_k, restrict_to_top_p, sample_next_tokens
 
 VOCAB = 64
 IMAGE_PAD, VISION_START, VISION_END, VIDEO_PAD = 60, 61, 62, 63
@@ -315,3 +315,22 @@ def test_update_weights_copies_new_weights_and_restores_train_mode(text_model):
     assert clone.training, "generate must give the trainer its module back in train mode"
     assert_same_generations(after, HFEngine(other).generate(contexts, GREEDY))
     assert [g.token_ids for g in after] != [g.token_ids for g in before]
+
+
+def test_identical_prompts_are_prefilled_once_and_decode_as_if_alone(vl_model, image_processor, text_model):
+    """A GRPO group's N copies of one prompt share one prefill; each copy still decodes exactly as that prompt alone
+    (greedy ids and log-probs), in text and in image batches (the copies' images are equal pixels, other objects)."""
+    text = text_contexts()
+    repeated = [text[0], text[1], text[0], text[2], text[0]]
+    unique, copy_of_row = distinct_contexts(repeated)
+    assert [c.token_ids for c in unique] == [text[0].token_ids, text[1].token_ids, text[2].token_ids]
+    assert copy_of_row == [0, 1, 0, 2, 0]
+    engine = HFEngine(text_model)
+    assert_same_generations(engine.generate(repeated, GREEDY), [engine.generate([c], GREEDY)[0] for c in repeated])
+
+    first, other = vl_contexts(image_processor)[1], vl_contexts(image_processor)[1]  # equal pixels, new objects
+    recoloured = Context(first.token_ids, [Image.new("RGB", (40, 40), (250, 250, 0))])  # same ids, other pixels
+    batch = [first, other, recoloured]
+    assert distinct_contexts(batch)[1] == [0, 0, 1]
+    vl_engine = HFEngine(vl_model, image_processor)
+    assert_same_generations(vl_engine.generate(batch, GREEDY), [vl_engine.generate([c], GREEDY)[0] for c in batch])

@@ -21,6 +21,7 @@ Weights: the engine samples from the very module it was given. When the trainer 
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -47,6 +48,18 @@ def left_pad(contexts: list[Context], pad_id: int, device: torch.device) -> tupl
         input_ids[row, width - n :] = torch.tensor(context.token_ids, dtype=torch.long)
         attention_mask[row, width - n :] = 1
     return input_ids.to(device), attention_mask.to(device)
+
+
+def distinct_contexts(contexts: list[Context]) -> tuple[list[Context], list[int]]:
+    """The distinct contexts (same ids and same pixels), in first-seen order, and for each context the index of
+    its copy among them."""
+    index: dict[tuple, int] = {}
+    copy_of_row = []
+    for context in contexts:
+        pixels = tuple((image.mode, image.size, hashlib.sha1(image.tobytes()).digest()) for image in context.images)
+        copy_of_row.append(index.setdefault((tuple(context.token_ids), pixels), len(index)))
+    first_rows = {position: row for row, position in reversed(list(enumerate(copy_of_row)))}
+    return [contexts[first_rows[i]] for i in range(len(index))], copy_of_row
 
 
 def restrict_to_top_k(scores: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -207,18 +220,28 @@ class HFEngine:
     def _generate_batch(
         self, batch: list[Context], sampling: SamplingParams, generator: torch.Generator | None
     ) -> list[Generation]:
-        """Prefill the left-padded prompts, then decode all rows together until each stops or hits the limit."""
+        """Prefill the left-padded prompts, then decode all rows together until each stops or hits the limit.
+
+        Identical prompts (a GRPO group's N rollouts of one state) are prefilled once and their KV cache, last
+        logits, mask and positions copied to every row that shares them: the same numbers, N times less work.
+        """
         device = self.device
         image_token_id = getattr(self.model.config, "image_token_id", None)
         pad_id = 1 if image_token_id == 0 else 0  # any id but the image pad: the mask hides it
-        input_ids, attention_mask = left_pad(batch, pad_id, device)
-        image_inputs = self._image_inputs(batch, input_ids)
+        unique, copy_of_row = distinct_contexts(batch)
+        input_ids, attention_mask = left_pad(unique, pad_id, device)
+        image_inputs = self._image_inputs(unique, input_ids)
         position_ids, rope_delta = prompt_position_ids(
             self.model, input_ids, attention_mask, image_inputs.get("image_grid_thw")
         )
         output = self._forward(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **image_inputs
         )
+        if len(unique) < len(batch):
+            rows = torch.tensor(copy_of_row, dtype=torch.long, device=device)
+            output.past_key_values.batch_select_indices(rows)
+            output.logits = output.logits[rows]
+            attention_mask, rope_delta = attention_mask[rows], rope_delta[rows]
         next_index = attention_mask.sum(dim=-1)  # (B,) real-token index of the next token
         stop_ids = torch.tensor(sampling.stop_token_ids, dtype=torch.long, device=device)
         banned = placeholder_token_ids(self.model)
