@@ -17,7 +17,7 @@ from vagen.bootstrap.warmstart import WarmStartRecipe, warm_start
 from vagen.env import make_env
 from vagen.models.processor import load_processor
 from vagen.models.registry import load_policy
-from vagen.trainer.config import check_overrides
+from vagen.trainer.config import check_model_reads_env, check_overrides
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -49,9 +49,7 @@ def model_config(cfg: DictConfig, folder: Path) -> str:
 def main(cfg: DictConfig) -> None:
     try:
         recipe = recipe_of(cfg)
-        observation = cfg.env.kwargs.get("observation", "text")
-        if observation != "text" and cfg.model.modality == "text":
-            raise ValueError(f"env={cfg.env.name} shows images but model={cfg.model.name} reads text only.")
+        check_model_reads_env(cfg)
         folder = Path(cfg.out).resolve()
         if (folder / "report.json").exists():
             raise ValueError(f"{folder} already holds an SFT result; choose another out=... or move it away.")

@@ -10,6 +10,23 @@ from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+_loaded_groups: dict[str, list[str]] = {}
+
+
+def load_entry_points(group: str) -> list[str]:
+    """Import, once per process, every module advertised in the entry-point `group` of the installed distributions
+    (e.g. game packages in `vagen.envs`), so that they register themselves; returns the modules' names.
+
+    How layers above a registry add entries to it without the registry's module importing them.
+    """
+    if group not in _loaded_groups:
+        from importlib.metadata import entry_points
+
+        found = list(entry_points(group=group))
+        for entry_point in found:
+            entry_point.load()
+        _loaded_groups[group] = [entry_point.value for entry_point in found]
+    return _loaded_groups[group]
 
 
 class Registry(Generic[T]):

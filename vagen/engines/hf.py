@@ -54,12 +54,15 @@ def distinct_contexts(contexts: list[Context]) -> tuple[list[Context], list[int]
     """The distinct contexts (same ids and same pixels), in first-seen order, and for each context the index of
     its copy among them."""
     index: dict[tuple, int] = {}
-    copy_of_row = []
+    unique, copy_of_row = [], []
     for context in contexts:
         pixels = tuple((image.mode, image.size, hashlib.sha1(image.tobytes()).digest()) for image in context.images)
-        copy_of_row.append(index.setdefault((tuple(context.token_ids), pixels), len(index)))
-    first_rows = {position: row for row, position in reversed(list(enumerate(copy_of_row)))}
-    return [contexts[first_rows[i]] for i in range(len(index))], copy_of_row
+        key = (tuple(context.token_ids), pixels)
+        if key not in index:
+            index[key] = len(unique)
+            unique.append(context)
+        copy_of_row.append(index[key])
+    return unique, copy_of_row
 
 
 def restrict_to_top_k(scores: torch.Tensor, top_k: int) -> torch.Tensor:

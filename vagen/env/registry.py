@@ -14,14 +14,14 @@ works and a third-party game package joins by declaring
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
 from typing import Any
 
 import gymnasium
 
+from vagen.registry import load_entry_points
+
 ENTRY_POINT_GROUP = "vagen.envs"
 _REGISTERED: dict[str, str] = {}
-_loaded_packages: list[str] = []
 
 
 def register_env(env_id: str, entry_point: str, **default_kwargs: Any) -> None:
@@ -38,18 +38,12 @@ def register_env(env_id: str, entry_point: str, **default_kwargs: Any) -> None:
 
 def _load_env_packages() -> None:
     """Import every game package of the `vagen.envs` entry-point group, once."""
-    if _loaded_packages:
-        return
-    found = list(entry_points(group=ENTRY_POINT_GROUP))
-    if not found:
+    if not load_entry_points(ENTRY_POINT_GROUP):
         raise RuntimeError(
             f"No game package is registered in the {ENTRY_POINT_GROUP!r} entry-point group, so no environment "
             "is known. Install the project (python3 dev.py test, or pip install -e .) so that its pyproject.toml "
             "entry points are registered."
         )
-    for entry_point in found:
-        entry_point.load()
-        _loaded_packages.append(entry_point.value)
 
 
 def registered_envs() -> list[str]:

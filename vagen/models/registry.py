@@ -17,22 +17,16 @@ from typing import Any
 
 import torch
 
-from vagen.registry import Registry
+from vagen.registry import Registry, load_entry_points
 
 MODALITIES = ("vision", "text")
 MODEL_SOURCES: Registry = Registry("model source")
 SOURCE_ENTRY_POINT_GROUP = "vagen.model_sources"
-_plugins_loaded: list[str] = []
 
 
 def model_sources() -> list[str]:
     """Every source name, those of installed plugins (`vagen.model_sources` entry points) included."""
-    if not _plugins_loaded:
-        from importlib.metadata import entry_points
-
-        for entry_point in entry_points(group=SOURCE_ENTRY_POINT_GROUP):
-            entry_point.load()
-            _plugins_loaded.append(entry_point.value)
+    load_entry_points(SOURCE_ENTRY_POINT_GROUP)
     return MODEL_SOURCES.names()
 
 

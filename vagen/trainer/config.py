@@ -95,6 +95,17 @@ def check_overrides(config_dir: str, config_name: str, overrides: list[str]) -> 
             ) from None
 
 
+def check_model_reads_env(cfg: Any) -> None:
+    """Raise when the env shows images to a text-only model (cfg.env, cfg.model as in configs/)."""
+    observation = cfg.env.kwargs.get("observation", "text")
+    if observation != "text" and cfg.model.modality == "text":
+        raise ValueError(
+            f"env={cfg.env.name} shows images (observation={observation}) but model={cfg.model.name} reads text "
+            f"only: use the text variant of the env (e.g. env={cfg.env.name.replace('_visual', '_text')}) or a "
+            "vision-language model (model=tiny_vl, model=qwen2_5_vl_3b)."
+        )
+
+
 def validate_config(cfg: Any) -> None:
     """Raise `ValueError` for an incompatible combination of options, naming the option to change."""
     algo, trainer, rollout, filt = cfg.algorithm, cfg.trainer, cfg.rollout, cfg.filter
@@ -136,13 +147,7 @@ def validate_config(cfg: Any) -> None:
         )
     if rollout.max_new_tokens >= rollout.max_context_tokens:
         raise ValueError("rollout.max_new_tokens must be smaller than rollout.max_context_tokens.")
-    observation = cfg.env.kwargs.get("observation", "text")
-    if observation != "text" and cfg.model.modality == "text":
-        raise ValueError(
-            f"env={cfg.env.name} shows images (observation={observation}) but model={cfg.model.name} reads text "
-            f"only: use the text variant of the env (e.g. env={cfg.env.name.replace('_visual', '_text')}) or a "
-            "vision-language model (model=tiny_vl, model=qwen2_5_vl_3b)."
-        )
+    check_model_reads_env(cfg)
     if trainer.lora.enabled and trainer.lora.dropout > 0:
         raise ValueError(
             f"trainer.lora.dropout={trainer.lora.dropout} would have no effect: RL updates run without dropout, so "

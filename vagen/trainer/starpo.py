@@ -364,7 +364,8 @@ class StarPOTrainer:
                     logprobs = self._micro_step(mb, whole_mask, stats, fresh[micro])
                     if bool(fresh[micro].any()):  # keep them: later epochs and the gap metric read old log-probs
                         rows = micro[fresh[micro]]
-                        batch.old_logprobs[rows, : logprobs.shape[1]] = logprobs[fresh[micro]]
+                        kept = logprobs[fresh[micro].to(logprobs.device)].float().cpu()
+                        batch.old_logprobs[rows, : logprobs.shape[1]] = kept
                 fresh[:] = False
                 self._optimizer_step(stats)
         # Engines report the log-probs of the distribution they sampled from, the trainer scores softmax(logits/T):
@@ -378,7 +379,7 @@ class StarPOTrainer:
     ) -> torch.Tensor:
         """Forward/backward of one micro-batch, its losses weighted by its share of the mini-batch
         (`aggregation_share`), so the accumulated gradient equals the whole mini-batch's. Rows marked `fresh` take
-        their old log-probs from this very forward (detached). Returns the log-probs [b, t], detached, on CPU."""
+        their old log-probs from this very forward (detached). Returns the log-probs [b, t], detached."""
         algo = self.cfg.algorithm
         device = next(self.model.parameters()).device
         mask = mb.response_mask.to(device)
@@ -424,7 +425,7 @@ class StarPOTrainer:
             stats.add("loss", {"value": v_loss})
             v_metrics.pop("explained_variance")  # logged once per iteration in `update`
             stats.add("critic", v_metrics)
-        return logprobs.detach().float().cpu()
+        return logprobs.detach()
 
     def _optimizer_step(self, stats: UpdateStats) -> None:
         max_norm = self.cfg.trainer.max_grad_norm
