@@ -163,6 +163,7 @@ class FrozenLakeTextEnv(LanguageEnv):
 
     action_names = ACTIONS
     example_answer = "Left || Up"
+    graded_nearby_only = ("hole",)  # a description names the holes next to the player, not all of them
 
     def __init__(
         self,
@@ -260,6 +261,12 @@ class FrozenLakeTextEnv(LanguageEnv):
         """The player and the goal."""
         goal = next((r, row.index("G")) for r, row in enumerate(self.desc) if "G" in row)
         return [tuple(self.player), goal]
+
+    def state_objects(self) -> list[tuple[str, tuple[int, int]]]:
+        """Player, goal and every hole, in (row, col); only the holes next to the player must be described."""
+        kinds = {"G": "goal", "H": "hole"}
+        cells = [(kinds[t], (r, c)) for r, row in enumerate(self.desc) for c, t in enumerate(row) if t in kinds]
+        return [("player", tuple(self.player)), *cells]
 
     def solver_actions(self) -> list[str]:
         """A shortest hole-free sequence of intended moves from the player to the goal ([] if none)."""

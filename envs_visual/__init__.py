@@ -12,6 +12,9 @@ ENTRY_POINTS = {
     "vagen/FrozenLake-v0": "envs_visual.frozenlake:FrozenLakeEnv",
     "vagen/Bandit-v0": "envs_visual.bandit:BanditEnv",
     "vagen/Countdown-v0": "envs_visual.countdown:CountdownEnv",
+    "vagen/Navigation-v0": "envs_visual.navigation:NavigationEnv",
+    "vagen/Sudoku-v0": "envs_visual.sudoku:SudokuEnv",
+    "vagen/Cards-v0": "envs_visual.cards:CardsEnv",
 }
 
 for _env_id, _entry_point in ENTRY_POINTS.items():

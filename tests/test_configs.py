@@ -23,7 +23,7 @@ def test_env_config_builds_and_plays(path):
     kwargs = OmegaConf.to_container(config.kwargs)
     env = make_env(config.id, **kwargs)
     obs, _ = env.reset(seed=0)
-    visual = path.stem.endswith("_visual")
+    visual = kwargs.get("observation", "text") != "text"  # image or text+image: one image per observation
     assert (IMAGE_PLACEHOLDER in obs.text) == visual
     assert len(obs.images) == (1 if visual else 0)
     if visual and "tile_px" in kwargs:

@@ -266,10 +266,18 @@ def test_boxoban_level_zero_matches_the_file_and_is_playable(level_set):
     assert terminated and info["success"]
 
 
-def test_boxoban_seed_range_and_random_pick():
+def test_boxoban_seeds_wrap_around_the_panel_and_random_pick():
+    """Seed i plays level i mod the panel size: the evaluator's seeds 1e9 + k play the panel in file order."""
+    levels = load_level_set("boxoban_test")
+    panel = make_env(level_set="boxoban_test", num_levels=100)
+    for seed, index in ((0, 0), (7, 7), (1000, 0), (1_000_000_000 + 42, 42), (1_000_000_000 + 142, 42)):
+        panel.reset(seed=seed)
+        assert panel.current_level() == levels[index]
+    with pytest.raises(ValueError, match=r"num_levels must be in 1\.\.1000"):
+        make_env(level_set="boxoban_test", num_levels=0)
+    with pytest.raises(ValueError, match="set level_set"):
+        make_env(num_levels=10)
     env = make_env(level_set="boxoban_test")
-    with pytest.raises(ValueError, match=r"levels 0\.\.999"):
-        env.reset(seed=1000)
     env.reset(seed=None)
     assert any(env.current_level() == level for level in load_level_set("boxoban_test"))
     with pytest.raises(ValueError, match="Unknown level_set"):

@@ -8,6 +8,7 @@ penalty, turn counting, the `info` schema and how observations are composed.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -15,10 +16,21 @@ import gymnasium
 import numpy as np
 from PIL import Image
 
+from vagen.env.grading import grade_description
 from vagen.env.observation import IMAGE_PLACEHOLDER, OBSERVATION_MODES, Observation
 from vagen.env.parsing import RESPONSE_FORMATS, format_instructions, match_actions, parse_response
 
-INFO_KEYS = ("success", "format_ok", "action_is_valid", "action_is_effective", "actions", "dropped_actions", "error")
+INFO_KEYS = (
+    "success",
+    "format_ok",
+    "action_is_valid",
+    "action_is_effective",
+    "actions",
+    "dropped_actions",
+    "error",
+    "grounding_score",  # grade of the <observation> in [0, 1]; None when the format or the game has none
+    "prediction_score",  # grade of the <prediction> against the state after the turn; None likewise
+)
 
 
 @dataclass(frozen=True)
@@ -82,6 +94,12 @@ class ObservationSpace(gymnasium.spaces.Space[Observation]):
         raise NotImplementedError("Observations come from reset/step; they cannot be sampled.")
 
 
+def valid_names_text(names: tuple[str, ...], shown: int = 12) -> str:
+    """The valid action names for an error message; a long list (Sudoku 9x9 has 729) is cut after `shown`."""
+    more = f" … ({len(names)} in all, see the rules)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 MAX_ECHO_CHARS = 200  # model text quoted back in feedback: enough to see the mistake, never a 100 kB echo
 
 
@@ -91,6 +109,27 @@ def echo_safe(text: str, limit: int = MAX_ECHO_CHARS) -> str:
     if len(text) > limit:
         text = text[:limit] + "…"
     return text.replace(IMAGE_PLACEHOLDER, "<img>").replace("<|", "< |").replace("|>", "| >")
+
+
+def check_reasoning_rewards(env: LanguageEnv, response_format: str, grounding_coef: float, worldmodel_coef: float):
+    """Refuse reasoning-reward settings that could never pay: a clear error before any model loads."""
+    if grounding_coef < 0 or worldmodel_coef < 0:
+        raise ValueError(f"grounding_coef and worldmodel_coef are >= 0, got {grounding_coef} and {worldmodel_coef}.")
+    if grounding_coef > 0 and response_format not in ("grounding", "worldmodeling"):
+        raise ValueError(
+            f"grounding_coef={grounding_coef} rewards the <observation> block, which response_format="
+            f"{response_format!r} has none of; set response_format=grounding (or worldmodeling), or grounding_coef=0."
+        )
+    if worldmodel_coef > 0 and response_format != "worldmodeling":
+        raise ValueError(
+            f"worldmodel_coef={worldmodel_coef} rewards the <prediction> block, which only response_format="
+            f"worldmodeling has (got {response_format!r}); set response_format=worldmodeling, or worldmodel_coef=0."
+        )
+    if (grounding_coef > 0 or worldmodel_coef > 0) and not env.supports_grading:
+        raise ValueError(
+            f"{type(env).__name__} does not list its state_objects(), so its descriptions cannot be graded; "
+            "set grounding_coef=0 and worldmodel_coef=0 for this game."
+        )
 
 
 class LanguageEnv(gymnasium.Env[Observation, str]):
@@ -112,6 +151,7 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array", "ansi"]}
     action_names: ClassVar[tuple[str, ...] | None] = None
     example_answer: ClassVar[str] = ""
+    graded_nearby_only: ClassVar[tuple[str, ...]] = ()  # kinds a description needs to name only next to the player
 
     def __init__(
         self,
@@ -123,6 +163,8 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
         format_penalty: float = -0.1,
         max_turns: int = 5,
         render_mode: str | None = None,
+        grounding_coef: float = 0.0,
+        worldmodel_coef: float = 0.0,
     ) -> None:
         if observation not in OBSERVATION_MODES:
             raise ValueError(f"Unknown observation mode {observation!r}; choose one of {OBSERVATION_MODES}.")
@@ -137,6 +179,8 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
             raise ValueError("max_actions_per_turn and max_turns must both be >= 1.")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"Unknown render_mode {render_mode!r}; choose one of {self.metadata['render_modes']}.")
+        check_reasoning_rewards(self, response_format, grounding_coef, worldmodel_coef)
+        self.grounding_coef, self.worldmodel_coef = float(grounding_coef), float(worldmodel_coef)
         self.observation_mode = observation
         self.response_format = response_format
         self.action_separator = action_separator
@@ -183,6 +227,21 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
         vision pre-training in supervised warm starts (each image tile learns their direction from it)."""
         raise NotImplementedError(f"{type(self).__name__} names no key cells.")
 
+    def state_objects(self) -> list[tuple[str, tuple[int, int]]]:
+        """What is where on the board, as `(kind, (row, col))` pairs with the player first as
+        `("player", cell)`; kinds are lower-case words such as "box", "target", "hole", "green ball".
+        Grid games implement it; it is the ground truth that `vagen.env.grading` scores the
+        `<observation>` and `<prediction>` of the grounding and worldmodeling formats against."""
+        raise NotImplementedError(f"{type(self).__name__} does not list its state objects, so it cannot be graded.")
+
+    def objects_after(self, actions: list[str]) -> list[tuple[str, tuple[int, int]]]:
+        """`state_objects()` after `actions` from the current state, leaving this env untouched (a copy
+        plays them): what a worldmodeling demonstration predicts. Random dynamics (slippery ice) draw
+        from the copy's generator, so the prediction is one possible outcome."""
+        future = copy.deepcopy(self)
+        future._execute(list(actions))
+        return future.state_objects()
+
     def _render_image(self) -> Image.Image:
         """The current state as an RGB image; implemented by the visual variants."""
         raise NotImplementedError(f"{type(self).__name__} has no image renderer.")
@@ -190,6 +249,11 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
     @property
     def supports_images(self) -> bool:
         return type(self)._render_image is not LanguageEnv._render_image
+
+    @property
+    def supports_grading(self) -> bool:
+        """Whether `<observation>`/`<prediction>` can be graded: the game lists its `state_objects()`."""
+        return type(self).state_objects is not LanguageEnv.state_objects
 
     # ---- the protocol ----------------------------------------------------------------------
     @property
@@ -212,6 +276,8 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
             "actions": [],
             "dropped_actions": 0,
             "error": None,
+            "grounding_score": None,
+            "prediction_score": None,
         }
         return self._observation(f"{self.instructions}\n"), info
 
@@ -229,15 +295,18 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
             executable, invalid = ([parsed.answer] if parsed.format_ok else []), []
         else:
             executable, invalid = match_actions(parsed.actions, self.action_names)
+        grounding_score = self._grade(parsed.observation, "grounding", "worldmodeling")
         turn = self._execute(executable)
+        prediction_score = self._grade(parsed.prediction, "worldmodeling")
         error = parsed.error or turn.error
         if (invalid or turn.invalid) and error is None:
-            error = f"invalid action(s) {invalid!r}; valid: {list(self.action_names or [])}"
+            error = f"invalid action(s) {invalid!r}; valid: {valid_names_text(self.action_names or ())}"
         if parsed.dropped_actions and error is None:  # never silently: counted, and priced like a format error
             error = (
                 f"{parsed.dropped_actions} action(s) beyond max_actions_per_turn={self.max_actions_per_turn} ignored"
             )
         reward = turn.reward + (self.format_penalty if error else 0.0)
+        reward += self.grounding_coef * (grounding_score or 0.0) + self.worldmodel_coef * (prediction_score or 0.0)
         truncated = not turn.terminated and (turn.budget_out or self._turn >= self.max_turns)
         self._done = turn.terminated or truncated
         info = {
@@ -248,11 +317,20 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
             "actions": turn.executed,
             "dropped_actions": parsed.dropped_actions,
             "error": error,
+            "grounding_score": grounding_score,
+            "prediction_score": prediction_score,
         }
         feedback = f"Executed: {', '.join(turn.executed) or 'nothing'}. Reward: {reward:g}."
         if error:
             feedback += f" Problem: {echo_safe(error)}."
         return self._observation(feedback + "\n"), float(reward), turn.terminated, truncated, info
+
+    def _grade(self, description: str | None, *formats: str) -> float | None:
+        """The grade of a description against the current state, or None when the response format
+        has no such block or the game cannot be graded. A missing or malformed block grades 0."""
+        if self.response_format not in formats or not self.supports_grading:
+            return None
+        return grade_description(description, self.state_objects(), self.graded_nearby_only)
 
     def _execute(self, actions: list[str]) -> _TurnOutcome:
         """Apply actions in order until one is invalid, ends the episode, or exhausts a budget."""

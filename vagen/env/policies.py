@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 import gymnasium
 import numpy as np
 
+from vagen.env.grading import canonical_description
 from vagen.registry import Registry
 
 Policy = Callable[[gymnasium.Env, np.random.Generator], str]
@@ -58,6 +59,23 @@ def describe_state(env: gymnasium.Env) -> str:
     return f"This is {type(game).__name__} after {getattr(game, '_turn', 0)} turn(s)."
 
 
+def described_response(env: gymnasium.Env, actions: Sequence[str], reasoning: str) -> str:
+    """A response in the env's format whose `<observation>` and `<prediction>` (grounding,
+    worldmodeling) are what the grader scores 1: relative descriptions of the state now and after
+    `actions` (the solver knows the next state; relative words are what a small vision model can ground).
+    Games without `state_objects()` get their one-line `describe_state` as the observation."""
+    game = env.unwrapped
+    observation, prediction = describe_state(env), ""
+    if game.supports_grading:
+        nearby_only = game.graded_nearby_only
+        observation = canonical_description(game.state_objects(), nearby_only, frame="relative")
+        if game.response_format == "worldmodeling":
+            prediction = canonical_description(game.objects_after(list(actions)), nearby_only, frame="relative")
+    return format_response(
+        game.response_format, actions, game.action_separator, reasoning, observation=observation, prediction=prediction
+    )
+
+
 def relative_direction(delta_row: int, delta_col: int) -> str:
     """'up-left', 'down', … for a (row, col) offset on a grid drawn top row first; 'here' for none.
 
@@ -86,9 +104,7 @@ def solver_policy(env: gymnasium.Env, rng: np.random.Generator) -> str:
     remaining = len(plan) - len(actions)
     plan_note = f"{remaining} more move(s) after these." if remaining else "These finish the task."
     reasoning = f"{describe_state(env)} The solver's plan starts with {', '.join(actions)}. {plan_note}"
-    return format_response(
-        game.response_format, actions, game.action_separator, reasoning, observation=describe_state(env)
-    )
+    return described_response(env, actions, reasoning)
 
 
 @POLICIES.register("random")
