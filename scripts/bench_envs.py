@@ -30,6 +30,11 @@ ENVS = [
     ("vagen/FrozenLake-v0", {}),
     ("vagen/Bandit-v0", {}),
     ("vagen/Countdown-v0", {}),
+    ("vagen/Navigation-v0", {}),
+    ("vagen/Sudoku-v0", {}),
+    ("vagen/Sudoku-v0", {"size": 9}),
+    ("vagen/Cards-v0", {}),
+    ("vagen/Cards-v0", {"num_cards": 4, "target": 24}),
 ]
 
 

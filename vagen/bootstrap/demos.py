@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import gymnasium
 import numpy as np
 
-from vagen.env.policies import format_response
+from vagen.env.policies import described_response
 from vagen.rollout import DialogueFormatter, Trajectory, Turn, trajectories_to_batch
 from vagen.rollout.batch import TokenBatch
 
@@ -35,9 +35,9 @@ class Demo:
 
 
 def demo_response(env: gymnasium.Env, actions: list[str]) -> str:
-    """The game's demonstration reasoning and `actions`, in the env's response format."""
-    game = env.unwrapped
-    return format_response(game.response_format, actions, game.action_separator, game.demo_reasoning())
+    """The game's demonstration reasoning and `actions`, in the env's response format; the grounding and
+    worldmodeling formats also describe the state now and after `actions` (see `described_response`)."""
+    return described_response(env, actions, env.unwrapped.demo_reasoning())
 
 
 def _turn_actions(env: gymnasium.Env, rng: np.random.Generator, noise_eps: float) -> tuple[list[str], bool] | None:

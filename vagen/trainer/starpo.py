@@ -73,7 +73,19 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         "rollout/response_tokens": sum(len(turn.response_ids) for turn in turns) / count,
         "rollout/length_cut": sum(turn.finish_reason == "length" for turn in turns) / count,
         "rollout/context_budget_ends": sum(t.end_reason == "context_budget" for t in trajectories) / len(trajectories),
+        **reasoning_scores(turns),
     }
+
+
+def reasoning_scores(turns) -> dict[str, float]:
+    """env/grounding_score and env/prediction_score: mean grade of the turns that were graded (the
+    grounding/worldmodeling formats on a game with `state_objects`); absent when no turn was."""
+    metrics = {}
+    for key in ("grounding_score", "prediction_score"):
+        scores = [turn.info[key] for turn in turns if turn.info.get(key) is not None]
+        if scores:
+            metrics[f"env/{key}"] = sum(scores) / len(scores)
+    return metrics
 
 
 def group_returns(trajectories: list[Trajectory], groups: int, group_size: int) -> torch.Tensor:
