@@ -241,6 +241,20 @@ def test_image_probe_swaps_images_under_the_source_text(tiny_vl):
     assert ema is not None
 
 
+def test_image_probe_reuses_cross_scores_exactly(tiny_vl):
+    """Given the job's cross scores, the probe skips the swaps whose text equals the image's own prompt (all of
+    them for Sokoban first turns) and gets the same numbers as scoring every variant."""
+    model, processor = tiny_vl
+    trajectories = solver_trajectories(processor, group_seeds=[0, 1, 2], group_size=1, max_turns=1)
+    job = build_scoring_job(trajectories, processor.tokenizer, "first_turn")
+    assert len({tuple(p.token_ids) for p in job.prompts}) == 1  # same text, different images
+    scores, _ = cross_scores(model, processor, job)
+    full = image_probe(model, processor, job, micro_batch=3)
+    reused = image_probe(model, processor, job, micro_batch=3, scores=scores)
+    for name in ("visual_scores", "matched", "blank"):
+        torch.testing.assert_close(getattr(reused, name), getattr(full, name), atol=1e-5, rtol=0)
+
+
 def test_image_probe_keeps_to_one_image_signature(tiny_vl):
     model, processor = tiny_vl
     trajectories = solver_trajectories(processor, group_seeds=[0, 1, 2], group_size=1, max_turns=2)

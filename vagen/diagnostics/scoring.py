@@ -326,19 +326,31 @@ def _check_job(job: ScoringJob, micro_batch: int) -> None:
         raise ValueError("Every prompt needs token ids and every reasoning a non-empty z span.")
 
 
+def _same_text_groups(job: ScoringJob, limit: int) -> list[list[int]]:
+    """Columns whose prompts have identical ids, in chunks of at most `limit`: each chunk is one batched prefix
+    forward (Sokoban's first turns differ only in the image, so a whole first-turn job is one forward)."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for column, prompt in enumerate(job.prompts):
+        groups.setdefault(tuple(prompt.token_ids), []).append(column)
+    return [columns[i : i + limit] for columns in groups.values() for i in range(0, len(columns), limit)]
+
+
 def cross_scores(model, processor: Any, job: ScoringJob, micro_batch: int = 32) -> tuple[Tensor, Tensor]:
     """scores [Z, B] float32 (CPU) with L[z, j] = Σ_{t∈z} log π(z_t | x_j, response before z_t), and lengths [Z].
 
-    One prefix forward per prompt (with its images), then all Z continuations from its KV cache in
+    One prefix forward per distinct prompt text, batched over the image sets of the prompts that share it
+    (at most `micro_batch` at once), then all Z continuations of every such prompt from the KV cache in
     micro-batches of `micro_batch` rows. No gradients; the model's train/eval mode is restored.
     """
     _check_job(job, micro_batch)
     scores = torch.zeros((len(job.reasonings), len(job.prompts)), dtype=torch.float32)
     with torch.inference_mode(), eval_mode(model):
-        for column, prompt in enumerate(job.prompts):
-            prefix = _run_prefix(model, processor, prompt.token_ids, [prompt.images])
-            rows = [(0, reasoning) for reasoning in job.reasonings]
-            scores[:, column] = _score_from_prefix(model, prefix, rows, micro_batch)
+        for columns in _same_text_groups(job, micro_batch):
+            image_sets = [job.prompts[column].images for column in columns]
+            prefix = _run_prefix(model, processor, job.prompts[columns[0]].token_ids, image_sets)
+            rows = [(variant, reasoning) for variant in range(len(columns)) for reasoning in job.reasonings]
+            scored = _score_from_prefix(model, prefix, rows, micro_batch).view(len(columns), len(job.reasonings))
+            scores[:, columns] = scored.T
     return scores, job.lengths()
 
 
@@ -404,12 +416,16 @@ def _swap_group(job: ScoringJob) -> list[int]:
     return max(groups.values(), key=len) if groups else []
 
 
-def image_probe(model, processor: Any, job: ScoringJob, micro_batch: int = 32) -> ImageProbe | None:
+def image_probe(
+    model, processor: Any, job: ScoringJob, micro_batch: int = 32, scores: Tensor | None = None
+) -> ImageProbe | None:
     """Score every image-prompt z under its own text with each same-signature prompt's images and with blanks.
 
     None when no prompt has images. Per source prompt s: one batched prefix forward over its variants
     (the swap group's image sets, plus the blank set; only [own, blank] when s is outside the group),
-    then one batched continuation of all of s's reasonings per variant.
+    then one batched continuation of all of s's reasonings per variant. `scores`, the job's `cross_scores`,
+    saves the variants already scored there: s's text with prompt j's images IS prompt j when the two
+    texts are equal (Sokoban's first turns), so only the blank and the swaps between different texts run.
     """
     _check_job(job, micro_batch)
     group = _swap_group(job)
@@ -427,9 +443,18 @@ def image_probe(model, processor: Any, job: ScoringJob, micro_batch: int = 32) -
             swaps = group if source in in_group else [source]
             gray = [Image.new("RGB", image.size, BLANK_GRAY) for image in prompt.images]
             image_sets = [job.prompts[column].images for column in swaps] + [gray]
-            prefix = _run_prefix(model, processor, prompt.token_ids, image_sets)
-            rows = [(variant, job.reasonings[i]) for variant in range(len(image_sets)) for i in rows_of]
-            scored = _score_from_prefix(model, prefix, rows, micro_batch).view(len(image_sets), len(rows_of))
+            known = {
+                variant: column
+                for variant, column in enumerate(swaps)
+                if scores is not None and job.prompts[column].token_ids == prompt.token_ids
+            }
+            todo = [variant for variant in range(len(image_sets)) if variant not in known]
+            prefix = _run_prefix(model, processor, prompt.token_ids, [image_sets[v] for v in todo])
+            rows = [(k, job.reasonings[i]) for k in range(len(todo)) for i in rows_of]
+            scored = torch.zeros((len(image_sets), len(rows_of)), dtype=torch.float32)
+            scored[todo] = _score_from_prefix(model, prefix, rows, micro_batch).view(len(todo), len(rows_of))
+            for variant, column in known.items():
+                scored[variant] = scores[rows_of, column]
             own = swaps.index(source)
             matched[rows_of], blank[rows_of] = scored[own], scored[-1]
             if source in in_group:

@@ -48,13 +48,13 @@ class DiagnosticsMonitor:
             )
             metrics.update({f"mi/{scope}/{name}": float(value) for name, value in values.items()})
             if scope == self.cfg.scopes[0] and self.cfg.image_probe:
-                metrics.update(self._image_probe(model, processor, job))
+                metrics.update(self._image_probe(model, processor, job, scores))
         metrics.update(self._regime(metrics))
         metrics["perf/mi_s"] = time.perf_counter() - start
         return metrics
 
-    def _image_probe(self, model, processor, job) -> dict[str, float]:
-        probe = image_probe(model, processor, job, micro_batch=self.cfg.micro_batch)
+    def _image_probe(self, model, processor, job, scores) -> dict[str, float]:
+        probe = image_probe(model, processor, job, micro_batch=self.cfg.micro_batch, scores=scores)
         if probe is None:
             return {}
         values, self.ema["visual"] = image_probe_metrics(probe, self.ema.get("visual"))
