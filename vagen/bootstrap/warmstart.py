@@ -298,15 +298,20 @@ def evaluate_all(
 ) -> dict[str, Any]:
     """The report's evaluation block: the model greedy and at the recipe's temperature (and random, solver)."""
     seeds = held_out_seeds(recipe.eval_episodes)
+    # A bar per pass: an untrained model writes max_new_tokens every turn, so a pass can take minutes.
+    bar = tqdm(total=2, desc=f"held-out evaluation on {env_name} ({len(seeds)} episodes per pass)", unit="pass")
 
     def model_at(temperature: float) -> dict[str, float]:
-        return evaluate_model(model, processor, seeds, temperature, recipe.max_new_tokens, make, env_name)
+        result = evaluate_model(model, processor, seeds, temperature, recipe.max_new_tokens, make, env_name)
+        bar.update(1)
+        return result
 
     block: dict[str, Any] = {
         "seeds": [seeds[0], seeds[-1]],
         "greedy": model_at(0.0),
         f"temperature_{recipe.eval_temperature:g}": model_at(recipe.eval_temperature),
     }
+    bar.close()
     if scripted:
         block["random"] = evaluate_scripted("random", seeds, make=make)
         block["solver"] = evaluate_scripted("solver", seeds, make=make)
