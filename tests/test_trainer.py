@@ -452,3 +452,60 @@ def test_reusing_the_first_forward_gives_the_plain_paths_gradients(overrides, mo
             torch.testing.assert_close(got[name], want[name], atol=1e-6, rtol=1e-5, msg=name)
     for name in ("loss/policy", "policy/ratio_mean", "policy/clipfrac", "rollout/logprob_gap_mean"):
         assert fast_metrics[name] == pytest.approx(plain_metrics[name], abs=1e-6), name
+
+
+@pytest.mark.parametrize("overrides", [[*TEXT, "algorithm=ppo"], VISUAL], ids=["text-ppo", "visual"])
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients(overrides, monkeypatch):
+    """trainer.gradient_checkpointing recomputes each layer in backward (its forward runs twice) and changes no
+    number: losses and gradients of the update equal those without it (fp32, 1e-5); rollout is untouched."""
+    grads = []
+
+    def record_gradients(self, stats):
+        named = [(f"{m}.{n}", q) for m, module in self.modules.items() for n, q in module.named_parameters()]
+        grads.append({name: q.grad.clone() for name, q in named if q.grad is not None})
+
+    monkeypatch.setattr(StarPOTrainer, "_optimizer_step", record_gradients)
+    plain = StarPOTrainer(config(overrides))
+    recomputed = StarPOTrainer(config([*overrides, "trainer.gradient_checkpointing=true"]))
+    batch = starpo.trajectories_to_batch(plain.rollout(), pad_token_id=plain.policy.tokenizer.pad_token_id or 0)
+    calls = {"plain": [], "recomputed": []}
+    for name, trainer in (("plain", plain), ("recomputed", recomputed)):  # a pre-hook: recomputation stops early
+        hook = lambda *args, name=name: calls[name].append(torch.is_grad_enabled())
+        trainer.model.get_decoder().layers[0].register_forward_pre_hook(hook)
+    plain_metrics, recomputed_metrics = plain.update(batch), recomputed.update(batch)
+    assert calls["recomputed"].count(True) == 2 * calls["plain"].count(True) > 0  # forward + recomputation
+    assert not recomputed.model.get_decoder().layers[0].training  # eval mode again after the update
+    for want, got in zip(grads[: len(grads) // 2], grads[len(grads) // 2 :], strict=True):
+        assert want.keys() == got.keys()
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-5, msg=name)
+    for name in ("loss/policy", "loss/total"):
+        assert recomputed_metrics[name] == pytest.approx(plain_metrics[name], abs=1e-5), name
+    monkeypatch.undo()  # a whole iteration with real optimizer steps
+    metrics = recomputed.train_iteration()
+    assert math.isfinite(metrics["policy/grad_norm"]) and metrics["policy/update_norm"] > 0
+
+
+def test_lora_reference_is_the_base_model_with_adapters_off_and_no_second_copy():
+    """With LoRA and a KL term the reference is the policy with its adapters disabled: after training it still
+    scores exactly as the untouched base model, and the trainer holds no second set of weights."""
+    from vagen.models.registry import load_policy
+
+    cfg = config([*TEXT, "trainer.lora.enabled=true", "algorithm.kl_coef=0.1", "filter.empty_policy=keep_all"])
+    trainer = StarPOTrainer(cfg)
+    assert trainer.reference is trainer.model
+    modules = [m for m in vars(trainer).values() if isinstance(m, torch.nn.Module)]
+    storages = {p.untyped_storage().data_ptr() for m in modules for p in m.parameters()}
+    assert storages == {p.untyped_storage().data_ptr() for p in trainer.model.parameters()}
+    for _ in range(2):
+        metrics = trainer.train_iteration()
+    assert "loss/kl" in metrics
+    batch = starpo.trajectories_to_batch(trainer.last_trajectories, pad_token_id=trainer.policy.tokenizer.pad_token_id)
+    scored = trainer.with_training_tensors(batch)
+    base = load_policy(cfg.model.name, cfg.model.source, "text", size=cfg.model.size, dtype=cfg.model.dtype).model
+    temperature = cfg.rollout.temperature
+    want = starpo.batched_logprobs(base, batch, trainer.policy.processor, 2, temperature)
+    torch.testing.assert_close(scored.ref_logprobs, want, atol=1e-5, rtol=1e-5)
+    # The adapters are on again after scoring the reference, and trained: the policy has moved away from it.
+    assert not torch.allclose(scored.old_logprobs, scored.ref_logprobs, atol=1e-6)
+    assert all(p.requires_grad for n, p in trainer.model.named_parameters() if "lora_" in n)

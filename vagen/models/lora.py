@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -20,6 +22,24 @@ def add_lora(model: torch.nn.Module, r: int, alpha: int, dropout: float, target_
     inject_adapter_in_model(config, model)
     for name, parameter in model.named_parameters():
         parameter.requires_grad_("lora_" in name)
+
+
+@contextmanager
+def adapters_disabled(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """`model` computing its base weights alone (peft's `PeftModel.disable_adapter()` for in-place adapters).
+
+    The base weights never train under LoRA, so this is the initial policy: the KL reference without a second copy.
+    """
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [module for module in model.modules() if isinstance(module, BaseTunerLayer)]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)  # also makes the adapters trainable again
 
 
 def lora_kwargs(lora_cfg: Any) -> dict[str, Any]:

@@ -148,6 +148,9 @@ def validate_config(cfg: Any) -> None:
     if rollout.max_new_tokens >= rollout.max_context_tokens:
         raise ValueError("rollout.max_new_tokens must be smaller than rollout.max_context_tokens.")
     check_model_reads_env(cfg)
+    for key in ("trainer.gradient_checkpointing", "trainer.memory_check", "trainer.bf16"):
+        if not isinstance(OmegaConf.select(cfg, key), bool):
+            raise ValueError(f"{key}={OmegaConf.select(cfg, key)!r} must be true or false.")
     if trainer.lora.enabled and trainer.lora.dropout > 0:
         raise ValueError(
             f"trainer.lora.dropout={trainer.lora.dropout} would have no effect: RL updates run without dropout, so "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import defaultdict
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,8 @@ from vagen.engines import EngineSource, SamplingParams, build_engine
 from vagen.engines.base import derive_seed
 from vagen.env import make_env
 from vagen.filtering import apply_empty_policy, select_groups
-from vagen.models.lora import add_lora, lora_kwargs, merged_state_dict
+from vagen.models.checkpointing import enable_gradient_checkpointing, recomputing
+from vagen.models.lora import adapters_disabled, add_lora, lora_kwargs, merged_state_dict
 from vagen.models.registry import load_policy, load_processing
 from vagen.models.value import ValueModel
 from vagen.rollout import (
@@ -46,6 +48,7 @@ from vagen.rollout import (
 from vagen.rollout.validation import episode_metrics, validate
 from vagen.trainer.config import check_prompt_fits, validate_config
 from vagen.trainer.forward import batched_logprobs, critic_forward, policy_forward
+from vagen.trainer.memory_plan import plan_run
 from vagen.trainer.monitor import DiagnosticsMonitor
 
 SAMPLING_STREAM, SHUFFLE_STREAM = 0, 1  # derive_seed(run seed, iteration, stream): one seed per use
@@ -131,6 +134,8 @@ class StarPOTrainer:
         seed_everything(cfg.seed)
         device = "cuda" if cfg.device == "auto" and torch.cuda.is_available() else cfg.device
         device = "cpu" if device == "auto" else device
+        # Refuse a run that cannot fit before minutes of loading end in an out-of-memory error.
+        self.memory_plan = plan_run(cfg, self.prompt_tokens, device) if cfg.trainer.memory_check else None
         self.policy = load_policy(
             model_cfg.name,
             model_cfg.source,
@@ -154,9 +159,15 @@ class StarPOTrainer:
             **cfg.rollout.engine_kwargs,
         )
         self.critic = ValueModel(self.model).to(device) if cfg.algorithm.critic else None
+        if cfg.trainer.gradient_checkpointing:
+            for module in self.modules.values():
+                enable_gradient_checkpointing(module)
+        # The KL reference is the initial policy. Under LoRA the base weights never train, so it is the policy itself
+        # with its adapters switched off (`reference_scope`): no second copy of the weights.
         self.reference = None
         if cfg.algorithm.kl_coef > 0:
-            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+            frozen_copy = lambda: copy.deepcopy(self.model).eval().requires_grad_(False)
+            self.reference = self.model if cfg.trainer.lora.enabled else frozen_copy()
         self.optimizers, self.schedulers = self._optimizers()
         self.iteration = 0
         self.seed_cursor = cfg.seed * SEED_STRIDE
@@ -182,6 +193,10 @@ class StarPOTrainer:
             )
         schedulers = {name: torch.optim.lr_scheduler.LambdaLR(opt, ramp) for name, opt in optimizers.items()}
         return optimizers, schedulers
+
+    def reference_scope(self) -> Any:
+        """Where `self.reference` computes the reference policy: adapters off when it is the LoRA policy itself."""
+        return adapters_disabled(self.model) if self.reference is self.model else nullcontext()
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -313,7 +328,10 @@ class StarPOTrainer:
                 old_logprobs[stale, : scored.shape[1]] = scored
             ref_logprobs = None
             if self.reference is not None:
-                ref_logprobs = batched_logprobs(self.reference, batch, processor, trainer.micro_batch_size, temperature)
+                with self.reference_scope():
+                    ref_logprobs = batched_logprobs(
+                        self.reference, batch, processor, trainer.micro_batch_size, temperature
+                    )
             old_values = None
             if self.critic is not None:
                 old_values = torch.zeros(batch.input_ids.shape)
@@ -365,26 +383,31 @@ class StarPOTrainer:
         self.model.eval()
         if self.critic is not None:
             self.critic.eval()
-        for epoch in range(trainer.ppo_epochs):
-            order = first_order if epoch == 0 else torch.randperm(len(batch), generator=shuffle)
-            for mini in _chunks(order, trainer.mini_batch_size):
-                for optimizer in self.optimizers.values():
-                    optimizer.zero_grad(set_to_none=True)
-                whole_mask = batch.response_mask[mini]
-                for micro in _chunks(mini, trainer.micro_batch_size):
-                    mb = batch.select(micro)
-                    logprobs = self._micro_step(mb, whole_mask, stats, fresh[micro])
-                    if bool(fresh[micro].any()):  # keep them: later epochs and the gap metric read old log-probs
-                        rows = micro[fresh[micro]]
-                        kept = logprobs[fresh[micro].to(logprobs.device)].float().cpu()
-                        batch.old_logprobs[rows, : logprobs.shape[1]] = kept
-                fresh[:] = False
-                self._optimizer_step(stats)
+        with recomputing(*self.modules.values()):  # a no-op unless trainer.gradient_checkpointing
+            for epoch in range(trainer.ppo_epochs):
+                order = first_order if epoch == 0 else torch.randperm(len(batch), generator=shuffle)
+                for mini in _chunks(order, trainer.mini_batch_size):
+                    self._train_mini_batch(batch, mini, fresh, stats)
         # Engines report the log-probs of the distribution they sampled from, the trainer scores softmax(logits/T):
         # any gap is rollout/training mismatch (precision, kernels, inputs, and top-p / top-k truncation if on).
         gap = (batch.rollout_logprobs - batch.old_logprobs).abs() * mask
         stats.add("rollout", {"logprob_gap_mean": gap.sum() / mask.sum().clamp(min=1), "logprob_gap_max": gap.max()})
         return stats.means()
+
+    def _train_mini_batch(self, batch: TokenBatch, mini: torch.Tensor, fresh: torch.Tensor, stats: UpdateStats) -> None:
+        """One optimizer step on the rows `mini`, accumulated over micro-batches."""
+        for optimizer in self.optimizers.values():
+            optimizer.zero_grad(set_to_none=True)
+        whole_mask = batch.response_mask[mini]
+        for micro in _chunks(mini, self.cfg.trainer.micro_batch_size):
+            mb = batch.select(micro)
+            logprobs = self._micro_step(mb, whole_mask, stats, fresh[micro])
+            if bool(fresh[micro].any()):  # keep them: later epochs and the gap metric read old log-probs
+                rows = micro[fresh[micro]]
+                kept = logprobs[fresh[micro].to(logprobs.device)].float().cpu()
+                batch.old_logprobs[rows, : logprobs.shape[1]] = kept
+        fresh[:] = False
+        self._optimizer_step(stats)
 
     def _micro_step(
         self, mb: TokenBatch, whole_mask: torch.Tensor, stats: UpdateStats, fresh: torch.Tensor

@@ -1,0 +1,197 @@
+"""One full StarPO iteration of a Qwen2.5-VL-3B-architecture model on sokoban_visual: seconds per phase,
+tokens/s and peak memory next to the memory plan's estimate, for full fine-tuning and LoRA.
+
+The model has the published Qwen2.5-VL-3B-Instruct's numbers (written below, nothing downloaded) and random
+weights; its tokenizer and processor are the project's tiny ones (vagen.bootstrap.tiny), so the text is gibberish
+but every tensor has the real size: 151,936-entry embeddings and LM head, 36 decoder layers, a 32-block vision tower.
+It needs torch, transformers and torchvision-free processing only: the hf engine generates (no vLLM, no network).
+
+    python scripts/bench_gpu.py                      # the 3B architecture, bf16, on the GPU
+    python scripts/bench_gpu.py --scale tiny         # a few narrow layers: proves the script on a CPU in minutes
+
+Each mode runs in a fresh subprocess, so its peak (`torch.cuda.max_memory_allocated` on GPU, peak RSS growth on
+CPU) is its own. Phases: rollout (generation + env steps), old/ref log-probs (the no-grad scoring passes; score
+tok/s = dialogue tokens per second of them; the first mini-batch's old log-probs come from its own forward,
+`trainer.reuse_first_forward`), update (the PPO
+forward/backward/optimizer steps). A KL term (kl_coef=0.001) is on so that the reference pass is timed: a frozen
+copy under full fine-tuning, the same model with adapters off under LoRA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+from vagen.bootstrap.tiny import mrope_section, tiny_corpus, train_tiny_tokenizer
+from vagen.models.chat_template import (
+    ENDOFTEXT,
+    IM_END,
+    IMAGE_PAD,
+    QWEN_VL_SPECIAL_TOKENS,
+    VIDEO_PAD,
+    VISION_END,
+    VISION_START,
+)
+from vagen.models.processor import make_processor, save_processor
+from vagen.rollout import trajectories_to_batch
+from vagen.trainer.memory_plan import GIB
+from vagen.trainer.starpo import StarPOTrainer
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+# Qwen/Qwen2.5-VL-3B-Instruct's config.json; "tiny" keeps the vocabulary and shrinks the rest.
+SCALES = {
+    "3b": {
+        "text": {"hidden_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 2,
+                 "intermediate_size": 11008, "vocab_size": 151936, "rope_theta": 1e6},
+        "vision": {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+                   "fullatt_block_indexes": [7, 15, 23, 31]},
+    },
+    "tiny": {
+        "text": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "intermediate_size": 704, "vocab_size": 151936, "rope_theta": 1e6},
+        "vision": {"depth": 2, "hidden_size": 64, "intermediate_size": 256, "num_heads": 2,
+                   "fullatt_block_indexes": [1]},
+    },
+}  # fmt: skip
+MODES = {"full": [], "lora": ["trainer.lora.enabled=true", "trainer.lora.r=16", "trainer.lora.alpha=32"]}
+
+
+def qwen2_5_vl_config(scale: str, tokenizer) -> Qwen2_5_VLConfig:
+    """The scale's Qwen2.5-VL config, its special-token ids from the project's tokenizer."""
+    text, vision = dict(SCALES[scale]["text"]), SCALES[scale]["vision"]
+    head_dim = text["hidden_size"] // text["num_attention_heads"]
+    rope = {"rope_type": "default", "rope_theta": text.pop("rope_theta"), "mrope_section": mrope_section(head_dim)}
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in QWEN_VL_SPECIAL_TOKENS}
+    vision = {**vision, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
+              "out_hidden_size": text["hidden_size"]}  # fmt: skip
+    text.update(max_position_embeddings=32768, eos_token_id=ids[IM_END], pad_token_id=ids[ENDOFTEXT])
+    return Qwen2_5_VLConfig(
+        text_config={**text, "rope_parameters": rope},
+        vision_config=vision,
+        image_token_id=ids[IMAGE_PAD],
+        video_token_id=ids[VIDEO_PAD],
+        vision_start_token_id=ids[VISION_START],
+        vision_end_token_id=ids[VISION_END],
+        tie_word_embeddings=True,  # as the published 3B
+    )
+
+
+def build_model_folder(scale: str, folder: Path) -> None:
+    """Random bf16 weights of the scale (drawn on the GPU when there is one: 3.75B on a CPU takes minutes)."""
+    tokenizer = train_tiny_tokenizer(tiny_corpus())
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2_5_VLForConditionalGeneration(qwen2_5_vl_config(scale, tokenizer)).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    save_processor(make_processor(tokenizer), folder)
+
+
+def run_config(args: argparse.Namespace, folder: str, run_dir: str):
+    overrides = [
+        "env=sokoban_visual", "model=qwen2_5_vl_3b", f"model.path={folder}", "model.dtype=bfloat16",
+        "trainer.bf16=true", "algorithm.kl_coef=0.001", "filter.empty_policy=keep_all", "diagnostics.compute_freq=0",
+        f"trainer.groups={args.groups}", f"trainer.group_size={args.group_size}",
+        f"trainer.mini_batch_size={args.groups * args.group_size}", f"trainer.micro_batch_size={args.micro_batch}",
+        f"env.kwargs.max_turns={args.max_turns}", f"rollout.max_new_tokens={args.max_new_tokens}",
+        f"rollout.max_context_tokens={args.context}", f"trainer.gradient_checkpointing={args.grad_ckpt}",
+        "trainer.eval_every=0", "trainer.viz_every=0", "logger.wandb_mode=disabled", "logger.progress=false",
+        f"run_dir={run_dir}", *MODES[args.only],
+    ]  # fmt: skip
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose("train", overrides=overrides)
+
+
+def measure(args: argparse.Namespace, folder: str) -> dict[str, float]:
+    """One iteration of mode `args.only` in this process: phase seconds, tokens, peak memory, the plan."""
+    cuda = torch.cuda.is_available()
+    start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = StarPOTrainer(run_config(args, folder, run_dir))
+        scoring = trainer.with_training_tensors
+        timed = {"logprobs_s": 0.0}
+
+        def timed_scoring(*a, **k):  # the old/ref log-prob passes run inside `update`: time them apart
+            begin = time.perf_counter()
+            out = scoring(*a, **k)
+            timed["logprobs_s"] += time.perf_counter() - begin
+            return out
+
+        trainer.with_training_tensors = timed_scoring
+        metrics = trainer.train_iteration()
+        trainer.close()
+    batch = trajectories_to_batch(trainer.last_trajectories, pad_token_id=0)
+    peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {
+        "rollout_s": metrics["perf/rollout_s"],
+        "logprobs_s": timed["logprobs_s"],
+        "update_s": metrics["perf/update_s"] - timed["logprobs_s"],
+        "sampled_tokens": float(batch.response_mask.sum()),
+        "tokens": float(batch.attention_mask.sum()),
+        "peak_gib": (peak - (0 if cuda else start_rss)) / GIB,
+        "plan_gib": trainer.memory_plan.peak / GIB if trainer.memory_plan else float("nan"),
+        "trainable_m": sum(p.numel() for p in trainer.trainable_parameters()) / 1e6,
+    }
+
+
+def report(mode: str, r: dict[str, float]) -> str:
+    return (
+        f"| {mode:<5} | {r['trainable_m']:11.1f} | {r['rollout_s']:9.1f} | {r['logprobs_s']:10.1f} | "
+        f"{r['update_s']:8.1f} | {r['sampled_tokens'] / r['rollout_s']:13.1f} | "
+        f"{r['tokens'] / max(r['logprobs_s'], 1e-9):11.0f} | {r['tokens'] / r['update_s']:12.0f} | "
+        f"{r['peak_gib']:8.2f} | {r['plan_gib']:8.2f} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scale", choices=sorted(SCALES), default="3b", help="3b: the published architecture")
+    parser.add_argument("--modes", default="full,lora", help="comma-separated: full, lora")
+    parser.add_argument("--groups", type=int, default=2, help="P initial states")
+    parser.add_argument("--group-size", type=int, default=4, help="N rollouts per state")
+    parser.add_argument("--micro-batch", type=int, default=2, help="dialogues per forward/backward")
+    parser.add_argument("--max-turns", type=int, default=3, help="turns per episode")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per turn")
+    parser.add_argument("--context", type=int, default=2048, help="rollout.max_context_tokens")
+    parser.add_argument("--grad-ckpt", action="store_true", help="trainer.gradient_checkpointing=true")
+    parser.add_argument("--folder", help="an already built model folder of this scale")
+    parser.add_argument("--only", help=argparse.SUPPRESS)  # the child process: run this mode, print JSON
+    args = parser.parse_args()
+    if args.only:
+        print(json.dumps(measure(args, args.folder)))
+        return
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = args.folder or str(Path(scratch) / f"qwen2_5_vl-{args.scale}")
+        if not args.folder:
+            build_model_folder(args.scale, Path(folder))
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+        print(f"Qwen2.5-VL {args.scale} architecture, bf16, on {device}; P={args.groups} N={args.group_size} "
+              f"turns={args.max_turns} new_tokens={args.max_new_tokens} grad_ckpt={args.grad_ckpt}")  # fmt: skip
+        print("| mode  | trainable M | rollout s | logprobs s | update s | rollout tok/s | score tok/s | "
+              "update tok/s | peak GiB | plan GiB |")  # fmt: skip
+        print("|-------|-------------|-----------|------------|----------|---------------|-------------|"
+              "--------------|----------|----------|")  # fmt: skip
+        skip = ("only", "folder", "grad_ckpt")
+        options = [f"--{key.replace('_', '-')}={value}" for key, value in vars(args).items() if key not in skip]
+        options += ["--grad-ckpt"] * args.grad_ckpt
+        for mode in args.modes.split(","):
+            command = [sys.executable, __file__, f"--only={mode}", f"--folder={folder}", *options]
+            child = subprocess.run(command, capture_output=True, text=True)
+            if child.returncode:
+                print(f"| {mode:<5} | failed: {child.stderr.strip().splitlines()[-1]}")
+                continue
+            print(report(mode, json.loads(child.stdout.strip().splitlines()[-1])))
+
+
+if __name__ == "__main__":
+    main()
