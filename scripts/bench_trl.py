@@ -2,6 +2,7 @@
 
     python scripts/bench_trl.py [model=smollm2_135m|tiny_text_test] [iterations=6] [threads=2] [trl_checkpointing=true]
     python scripts/bench_trl.py profile=true [model=...]   # torch.profiler top ops of our iteration, before/after
+    python scripts/bench_trl.py mi_only=true [iterations=4]  # only the MI-scoring fraction (no TRL needed)
 
 Needs TRL (`pip install -e .[bench]`; never a dependency of the package). The work, identical for both:
 the single-turn bandit (`env=bandit_text`), 8 prompts × 4 samples, 24 new tokens, temperature 1, GRPO
@@ -200,6 +201,10 @@ def main() -> None:
         return
     iterations = int(option("iterations", "6"))
     threads = int(option("threads", str(torch.get_num_threads())))
+    if option("mi_only", "false").lower() == "true":  # mi_only=true: only the MI fraction of the visual default
+        torch.set_num_threads(threads)
+        print(f"MI scoring (every iteration) on the visual default: {mi_fraction(iterations):.3f} of its iteration time")
+        return
     checkpointing = option("trl_checkpointing", "true").lower() == "true"
     torch.set_num_threads(threads)
     trl = medians(run_trl(model, iterations, checkpointing))
