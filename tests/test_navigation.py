@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
+from test_visual import decode_grid  # the tile decoder of the visual tests
 
 from envs_text.navigation import ACTIONS, FLOOR, PLAYER, WALL, NavigationTextEnv, Room, bfs_parents, object_code
 from envs_visual.navigation import NavigationEnv, navigation_atlas
@@ -162,16 +163,6 @@ def test_state_objects_match_the_text_state():
             assert rows[row][col] == digit
         assert env.room.name(env.room.target) in obs.text.split("Current state:")[0]
         assert env.render() == obs.text.rsplit("Current state:\n", 1)[1]
-
-
-def decode_grid(image, atlas: np.ndarray) -> np.ndarray:
-    """Name each tile of the image by the atlas entry it equals exactly; -1 if none."""
-    tile = atlas.shape[1]
-    pixels = np.asarray(image)
-    height, width = pixels.shape[0] // tile, pixels.shape[1] // tile
-    tiles = pixels.reshape(height, tile, width, tile, 3).transpose(0, 2, 1, 3, 4)  # (H, W, t, t, 3)
-    equal = (tiles[:, :, None] == atlas[None, None]).all(axis=(3, 4, 5))  # (H, W, n_codes)
-    return np.where(equal.any(axis=2), equal.argmax(axis=2), -1)
 
 
 @pytest.mark.parametrize(("size", "tile_px"), [(7, 28), (5, 16), (8, 9)])
