@@ -203,7 +203,8 @@ def main() -> None:
     threads = int(option("threads", str(torch.get_num_threads())))
     if option("mi_only", "false").lower() == "true":  # mi_only=true: only the MI fraction of the visual default
         torch.set_num_threads(threads)
-        print(f"MI scoring (every iteration) on the visual default: {mi_fraction(iterations):.3f} of its iteration time")
+        fraction = mi_fraction(iterations)
+        print(f"MI scoring (every iteration) on the visual default: {fraction:.3f} of its iteration time")
         return
     checkpointing = option("trl_checkpointing", "true").lower() == "true"
     torch.set_num_threads(threads)
