@@ -13,7 +13,7 @@ Which facts are read from free text (lower-cased, any order, any wording around 
   bare cells continues the kind of the clause before it in the sentence ("boxes at (2, 1), (3, 3)").
 - relative: a kind word and a direction word in the same clause, "the box is up-left of me",
   "target down-right": that kind lies in that direction from the player (the words of
-  `vagen.env.policies.relative_direction`, plus above/below/same cell/here).
+  `relative_direction`, plus above/below/same cell/here).
 - a clause that negates ("no hole next to me", "not") states nothing, so it can neither earn nor lose.
 
 The score is the F1 of precision and recall over those facts, in [0, 1]:
@@ -63,11 +63,23 @@ class Claims:
     relative: frozenset[tuple[str, str]]
 
 
-def direction_from(player: Cell, cell: Cell) -> str:
-    """'up-left', 'down', … 'here': where `cell` lies from `player` on a grid drawn top row first."""
-    vertical = "up" if cell[0] < player[0] else "down" if cell[0] > player[0] else ""
-    horizontal = "left" if cell[1] < player[1] else "right" if cell[1] > player[1] else ""
+def relative_direction(delta_row: int, delta_col: int) -> str:
+    """'up-left', 'down', … for a (row, col) offset on a grid drawn top row first; 'here' for none.
+
+    Relative words because a small vision model without absolute position embeddings can compute "the box is
+    up-left of me" from an image, but not "(row 2, col 3)".
+    """
+    vertical = "up" if delta_row < 0 else "down" if delta_row > 0 else ""
+    horizontal = "left" if delta_col < 0 else "right" if delta_col > 0 else ""
     return "-".join(part for part in (vertical, horizontal) if part) or "here"
+
+
+RELATIVE_DIRECTIONS = ("here", "up", "down", "left", "right", "up-left", "up-right", "down-left", "down-right")
+
+
+def direction_from(player: Cell, cell: Cell) -> str:
+    """Where `cell` lies from `player`, in `relative_direction`'s words."""
+    return relative_direction(cell[0] - player[0], cell[1] - player[1])
 
 
 def _kind_pattern(kinds: Iterable[str]) -> re.Pattern[str]:

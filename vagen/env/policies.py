@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 import gymnasium
 import numpy as np
 
-from vagen.env.grading import canonical_description
+# relative_direction and RELATIVE_DIRECTIONS live with the grader (which reads the same words) and are re-exported here.
+from vagen.env.grading import RELATIVE_DIRECTIONS, canonical_description, relative_direction  # noqa: F401
 from vagen.registry import Registry
 
 Policy = Callable[[gymnasium.Env, np.random.Generator], str]
@@ -74,20 +75,6 @@ def described_response(env: gymnasium.Env, actions: Sequence[str], reasoning: st
     return format_response(
         game.response_format, actions, game.action_separator, reasoning, observation=observation, prediction=prediction
     )
-
-
-def relative_direction(delta_row: int, delta_col: int) -> str:
-    """'up-left', 'down', … for a (row, col) offset on a grid drawn top row first; 'here' for none.
-
-    Relative words because a small vision model without absolute position embeddings can compute "the box is
-    up-left of me" from an image, but not "(row 2, col 3)".
-    """
-    vertical = "up" if delta_row < 0 else "down" if delta_row > 0 else ""
-    horizontal = "left" if delta_col < 0 else "right" if delta_col > 0 else ""
-    return "-".join(part for part in (vertical, horizontal) if part) or "here"
-
-
-RELATIVE_DIRECTIONS = ("here", "up", "down", "left", "right", "up-left", "up-right", "down-left", "down-right")
 
 
 @POLICIES.register("solver")

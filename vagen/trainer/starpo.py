@@ -166,8 +166,10 @@ class StarPOTrainer:
         # with its adapters switched off (`reference_scope`): no second copy of the weights.
         self.reference = None
         if cfg.algorithm.kl_coef > 0:
-            frozen_copy = lambda: copy.deepcopy(self.model).eval().requires_grad_(False)
-            self.reference = self.model if cfg.trainer.lora.enabled else frozen_copy()
+            if cfg.trainer.lora.enabled:
+                self.reference = self.model
+            else:
+                self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.optimizers, self.schedulers = self._optimizers()
         self.iteration = 0
         self.seed_cursor = cfg.seed * SEED_STRIDE
