@@ -334,3 +334,18 @@ def test_identical_prompts_are_prefilled_once_and_decode_as_if_alone(vl_model, i
     assert distinct_contexts(batch)[1] == [0, 0, 1]
     vl_engine = HFEngine(vl_model, image_processor)
     assert_same_generations(vl_engine.generate(batch, GREEDY), [vl_engine.generate([c], GREEDY)[0] for c in batch])
+
+
+def test_inverse_cdf_sampling_follows_the_distribution_and_each_row_only_its_own_draw():
+    """Row b takes the first token whose cumulative probability exceeds its draw: frequencies match the
+    (tempered) softmax, and a row samples the same token alone as inside any batch."""
+    logits = torch.tensor([[2.0, 0.5, -1.0, 1.0]])
+    hot = SamplingParams(temperature=0.8, seed=0)
+    draws = torch.rand(20_000, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    tokens, _ = sample_next_tokens(logits.repeat(len(draws), 1), hot, draws)
+    frequencies = torch.bincount(tokens, minlength=4).double() / len(draws)
+    torch.testing.assert_close(frequencies, torch.softmax(logits[0].double() / 0.8, -1), atol=0.01, rtol=0)
+    mixed = torch.randn(6, 4, generator=torch.Generator().manual_seed(1))
+    batched, _ = sample_next_tokens(mixed, hot, draws[:6])
+    alone = [int(sample_next_tokens(mixed[i : i + 1], hot, draws[i : i + 1])[0]) for i in range(6)]
+    assert batched.tolist() == alone

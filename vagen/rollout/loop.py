@@ -21,6 +21,7 @@ class RolloutSpec:
     group_size: int  # N rollouts per group
     max_context_tokens: int  # dialogue budget; an episode that would exceed it ends as truncated
     env_name: str = ""
+    first_group_id: int = 0  # group id of group_seeds[0]: a worker playing groups 8..15 of a batch starts at 8
 
     def __post_init__(self) -> None:
         if self.group_size < 1 or not self.group_seeds:
@@ -31,9 +32,19 @@ class RolloutSpec:
 class _Episode:
     env: gymnasium.Env
     trajectory: Trajectory
+    rollout_index: int  # which of its group's N rollouts
     ids: list[int]
     images: list
     done: bool = False
+
+    def context(self, sampling_seed: int | None, turn_index: int) -> Context:
+        """The next prompt (copies: the lists grow), seeded by (call seed, group, env seed, rollout, turn) and
+        never by its position in the batch, so a worker playing a share of the groups samples what one process
+        playing all of them would."""
+        trajectory = self.trajectory
+        keys = (trajectory.group_id, trajectory.seed, self.rollout_index, turn_index)
+        seed = None if sampling_seed is None else derive_seed(sampling_seed, *keys)
+        return Context(list(self.ids), list(self.images), seed=seed)
 
 
 def _prompt_ids(encode: Callable[[Observation], list[int]], obs: Observation, trajectory: Trajectory) -> list[int]:
@@ -47,11 +58,11 @@ def _prompt_ids(encode: Callable[[Observation], list[int]], obs: Observation, tr
         ) from error
 
 
-def _start(env: gymnasium.Env, trajectory: Trajectory, formatter: DialogueFormatter) -> _Episode:
+def _start(env: gymnasium.Env, trajectory: Trajectory, rollout_index: int, formatter: DialogueFormatter) -> _Episode:
     obs, _ = env.reset(seed=trajectory.seed)
     prompt = _prompt_ids(formatter.first_prompt, obs, trajectory)
     trajectory.turns.append(Turn(observation=obs.text, images=list(obs.images), prompt_ids=prompt))
-    return _Episode(env, trajectory, list(prompt), list(obs.images))
+    return _Episode(env, trajectory, rollout_index, list(prompt), list(obs.images))
 
 
 def collect_rollouts(
@@ -68,10 +79,10 @@ def collect_rollouts(
     observation did not fit is dropped, so every kept turn has a response.
     """
     episodes = []
-    for group_id, seed in enumerate(spec.group_seeds):
-        for _ in range(spec.group_size):
+    for group_id, seed in enumerate(spec.group_seeds, start=spec.first_group_id):
+        for rollout_index in range(spec.group_size):
             trajectory = Trajectory(group_id=group_id, seed=seed, env_name=spec.env_name)
-            episodes.append(_start(make_env(), trajectory, formatter))
+            episodes.append(_start(make_env(), trajectory, rollout_index, formatter))
     stops = sorted(set(sampling.stop_token_ids) | set(formatter.stop_token_ids()))
     sampling = replace(sampling, stop_token_ids=stops)
     turn_index = 0
@@ -82,9 +93,8 @@ def collect_rollouts(
         live = [episode for episode in episodes if not episode.done]
         if not live:
             return [episode.trajectory for episode in episodes]
-        seed = None if sampling.seed is None else derive_seed(sampling.seed, turn_index)
-        contexts = [Context(list(e.ids), list(e.images)) for e in live]  # copies: the lists grow below
-        generations = engine.generate(contexts, replace(sampling, seed=seed))
+        contexts = [episode.context(sampling.seed, turn_index) for episode in live]
+        generations = engine.generate(contexts, sampling)
         for episode, generation in zip(live, generations, strict=True):
             _advance(episode, generation, formatter)
         turn_index += 1

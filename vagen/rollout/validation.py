@@ -56,26 +56,33 @@ def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     }
 
 
-def validate(
+def validation_episodes(
     make_env: Callable[[], gymnasium.Env],
     engine: Engine,
     formatter: DialogueFormatter,
     *,
-    episodes: int,
+    episodes: range,
     temperature: float,
     max_new_tokens: int,
     max_context_tokens: int,
     env_name: str = "",
-) -> dict[str, float]:
-    """One episode on each of the first `episodes` evaluation seeds; `val/` metrics with a 95% interval.
-
-    Sampling uses a fixed seed, so validating the same weights twice gives the same numbers.
-    """
+) -> list[Trajectory]:
+    """Play evaluation episodes `episodes` (e.g. range(64), or a worker's range(32, 64)): episode k on seed
+    `EVAL_SEED_BASE + k`, as group k. Sampling uses a fixed seed and each episode's own stream, so validating the
+    same weights gives the same episodes however they are split."""
     spec = RolloutSpec(
-        group_seeds=eval_seeds(episodes), group_size=1, max_context_tokens=max_context_tokens, env_name=env_name
+        group_seeds=eval_seeds(len(episodes), episodes.start),
+        group_size=1,
+        max_context_tokens=max_context_tokens,
+        env_name=env_name,
+        first_group_id=episodes.start,
     )
     sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=VALIDATION_SAMPLING_SEED)
-    trajectories = collect_rollouts(make_env, engine, formatter, spec, sampling)
+    return collect_rollouts(make_env, engine, formatter, spec, sampling)
+
+
+def validation_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """`val/` metrics of played evaluation episodes, with the 95% interval of the success rate."""
     metrics = episode_metrics(trajectories)
     low, high = wilson_interval(sum(t.success for t in trajectories), len(trajectories))
     metrics.update(success_ci_low=low, success_ci_high=high, episodes=float(len(trajectories)))

@@ -27,6 +27,7 @@ def _choice(value: Any, valid: list[str], key: str) -> None:
 
 POSITIVE_INTEGERS = (
     "trainer.iterations",
+    "trainer.workers",
     "trainer.groups",
     "trainer.group_size",
     "trainer.ppo_epochs",
@@ -106,6 +107,26 @@ def check_model_reads_env(cfg: Any) -> None:
         )
 
 
+def check_workers(cfg: Any) -> None:
+    """`trainer.workers > 1` needs Ray and at least one whole group per worker."""
+    workers, groups = cfg.trainer.workers, cfg.trainer.groups
+    if workers == 1:
+        return
+    if groups < workers:
+        raise ValueError(
+            f"trainer.workers={workers} exceeds trainer.groups={groups}: groups are never split, so each worker needs "
+            f"one; raise trainer.groups to at least {workers} or lower trainer.workers."
+        )
+    cpus = OmegaConf.select(cfg, "ray.cpus_per_worker")
+    if cpus is not None and (not isinstance(cpus, int) or cpus < 1):
+        raise ValueError(f"ray.cpus_per_worker={cpus!r} must be a whole number >= 1, or null.")
+    try:
+        import ray  # noqa: F401
+    except ImportError as error:
+        message = f"trainer.workers={workers} runs on Ray, which is not installed: pip install -e .[ray]."
+        raise ValueError(message) from error
+
+
 def validate_config(cfg: Any) -> None:
     """Raise `ValueError` for an incompatible combination of options, naming the option to change."""
     algo, trainer, rollout, filt = cfg.algorithm, cfg.trainer, cfg.rollout, cfg.filter
@@ -156,6 +177,13 @@ def validate_config(cfg: Any) -> None:
             f"trainer.lora.dropout={trainer.lora.dropout} would have no effect: RL updates run without dropout, so "
             "that the old and new log-probs come from the same function and the first PPO ratio is exactly 1. "
             "Set trainer.lora.dropout=0."
+        )
+    check_workers(cfg)
+    on_gpu = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if rollout.engine == "vllm" and rollout.engine_kwargs.get("enable_sleep_mode") and not on_gpu:
+        raise ValueError(
+            "rollout.engine_kwargs.enable_sleep_mode=true frees GPU memory during the update, and vLLM has sleep mode "
+            "on CUDA/ROCm only; set it to false on CPU."
         )
     if trainer.lora.enabled:
         try:

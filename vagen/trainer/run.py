@@ -11,8 +11,9 @@ from omegaconf import DictConfig, OmegaConf
 from vagen.env import make_env
 from vagen.logging import MetricsLogger, ProgressBar
 from vagen.rollout import Trajectory
-from vagen.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from vagen.trainer.checkpoint import latest_checkpoint
 from vagen.trainer.lock import run_dir_lock
+from vagen.trainer.loop import IterationLoop
 from vagen.trainer.starpo import StarPOTrainer
 from vagen.viz.gif import replay_episode, save_episode_gif
 
@@ -37,18 +38,17 @@ def resume_point(cfg: DictConfig) -> Path | None:
 
 def restore_checkpoint(trainer: StarPOTrainer, path: Path) -> StarPOTrainer:
     """Load a checkpoint into a freshly built trainer (weights, optimizers, RNG, loop and diagnostic state)."""
-    state = load_checkpoint(
-        path,
-        modules=trainer.modules,
-        optimizers=trainer.optimizers,
-        schedulers=trainer.schedulers,
-        fingerprint=trainer.fingerprint(),
-    )
-    trainer.load_state(state)
-    # An engine with its own copy of the weights (vLLM) still holds the initial ones: sync it before the first
-    # rollout, or the first resumed iteration would sample from the untrained policy.
-    trainer.sync_engine()
+    trainer.restore(path)
     return trainer
+
+
+def build_trainer(cfg: DictConfig) -> IterationLoop:
+    """The single-process trainer, or with `trainer.workers > 1` the driver of that many Ray workers."""
+    if cfg.trainer.workers == 1:
+        return StarPOTrainer(cfg)
+    from vagen.trainer.workers import RayTrainer  # Ray is imported only by runs that use it
+
+    return RayTrainer(cfg)
 
 
 def trained(cfg: DictConfig) -> StarPOTrainer:
@@ -96,7 +96,7 @@ def _validation_line(iteration: int, val: dict[str, float]) -> str:
     )
 
 
-def _timed_validation(trainer: StarPOTrainer) -> dict[str, float]:
+def _timed_validation(trainer: IterationLoop) -> dict[str, float]:
     start = time.perf_counter()
     val = trainer.validate()
     val["perf/val_s"] = time.perf_counter() - start
@@ -108,18 +108,18 @@ def train(cfg: DictConfig) -> Path:
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with run_dir_lock(run_dir):  # before any model loads: a second run into this folder fails at once
-        trainer = StarPOTrainer(cfg)
+        trainer = build_trainer(cfg)
         try:
             return _train_locked(trainer, cfg)
         finally:
             trainer.close()
 
 
-def _train_locked(trainer: StarPOTrainer, cfg: DictConfig) -> Path:
+def _train_locked(trainer: IterationLoop, cfg: DictConfig) -> Path:
     run_dir = trainer.run_dir
     checkpoint = resume_point(cfg)
     if checkpoint is not None:
-        restore_checkpoint(trainer, checkpoint)
+        trainer.restore(checkpoint)
     save_segment_config(cfg, run_dir, trainer.iteration)
     total, every = cfg.trainer.iterations, cfg.trainer
     logger = MetricsLogger(
@@ -151,16 +151,7 @@ def _train_locked(trainer: StarPOTrainer, cfg: DictConfig) -> Path:
             logger.log(metrics, step=trainer.iteration)
             progress.update(metrics)
             if trainer.iteration % every.save_every == 0 or trainer.iteration == total:
-                save_checkpoint(
-                    run_dir,
-                    trainer.iteration,
-                    modules=trainer.modules,
-                    optimizers=trainer.optimizers,
-                    schedulers=trainer.schedulers,
-                    state=trainer.state(),
-                    keep_last=every.keep_checkpoints,
-                    fingerprint=trainer.fingerprint(),
-                )
+                trainer.save(keep_last=every.keep_checkpoints)
             if every.viz_every and (trainer.iteration % every.viz_every == 0 or trainer.iteration == total):
                 sample = trainer.last_trajectories[: every.viz_episodes]
                 save_sample_gifs(sample, cfg, run_dir / "gifs" / f"iter_{trainer.iteration:06d}")

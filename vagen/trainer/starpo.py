@@ -10,7 +10,6 @@ a resumed run replays exactly what an uninterrupted one would have done.
 from __future__ import annotations
 
 import copy
-import time
 from collections import defaultdict
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from vagen.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageParams, masked_whiten
 from vagen.algos.losses import (
@@ -29,10 +28,9 @@ from vagen.algos.losses import (
     policy_loss,
     value_loss,
 )
-from vagen.engines import EngineSource, SamplingParams, build_engine
+from vagen.engines import EngineSource, build_engine
 from vagen.engines.base import derive_seed
 from vagen.env import make_env
-from vagen.filtering import apply_empty_policy, select_groups
 from vagen.models.checkpointing import enable_gradient_checkpointing, recomputing
 from vagen.models.lora import adapters_disabled, add_lora, lora_kwargs, merged_state_dict
 from vagen.models.registry import load_policy, load_processing
@@ -45,14 +43,20 @@ from vagen.rollout import (
     collect_rollouts,
     trajectories_to_batch,
 )
-from vagen.rollout.validation import episode_metrics, validate
+from vagen.rollout.validation import validation_episodes, validation_metrics
+from vagen.trainer.checkpoint import load_checkpoint, save_checkpoint
 from vagen.trainer.config import check_prompt_fits, validate_config
+from vagen.trainer.data_parallel import DataParallel
 from vagen.trainer.forward import batched_logprobs, critic_forward, policy_forward
+from vagen.trainer.loop import (  # noqa: F401  (re-exported)
+    SAMPLING_STREAM,
+    SEED_STRIDE,
+    SHUFFLE_STREAM,
+    IterationLoop,
+    group_returns,
+    rollout_metrics,
+)
 from vagen.trainer.memory_plan import plan_run
-from vagen.trainer.monitor import DiagnosticsMonitor
-
-SAMPLING_STREAM, SHUFFLE_STREAM = 0, 1  # derive_seed(run seed, iteration, stream): one seed per use
-SEED_STRIDE = 100_000  # env seeds of run seed s start at s * SEED_STRIDE; evaluation uses seeds >= 1e9
 
 
 def seed_everything(seed: int) -> None:
@@ -63,43 +67,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
-    """env/ and rollout/ metrics of a batch of trajectories (before filtering)."""
-    turns = [turn for t in trajectories for turn in t.turns]
-    count = max(len(turns), 1)
-    return {
-        **{f"env/{name}": value for name, value in episode_metrics(trajectories).items()},
-        "env/action_valid": sum(bool(turn.info.get("action_is_valid")) for turn in turns) / count,
-        "env/action_effective": sum(bool(turn.info.get("action_is_effective")) for turn in turns) / count,
-        "rollout/response_tokens": sum(len(turn.response_ids) for turn in turns) / count,
-        "rollout/length_cut": sum(turn.finish_reason == "length" for turn in turns) / count,
-        "rollout/context_budget_ends": sum(t.end_reason == "context_budget" for t in trajectories) / len(trajectories),
-        **reasoning_scores(turns),
-    }
-
-
-def reasoning_scores(turns) -> dict[str, float]:
-    """env/grounding_score and env/prediction_score: mean grade of the turns that were graded (the
-    grounding/worldmodeling formats on a game with `state_objects`); absent when no turn was."""
-    metrics = {}
-    for key in ("grounding_score", "prediction_score"):
-        scores = [turn.info[key] for turn in turns if turn.info.get(key) is not None]
-        if scores:
-            metrics[f"env/{key}"] = sum(scores) / len(scores)
-    return metrics
-
-
-def group_returns(trajectories: list[Trajectory], groups: int, group_size: int) -> torch.Tensor:
-    """Total rewards as [G, N], row g = the rollouts of group g in rollout order."""
-    rewards = torch.zeros(groups, group_size)
-    filled = [0] * groups
-    for trajectory in trajectories:
-        g = trajectory.group_id
-        rewards[g, filled[g]] = trajectory.total_reward
-        filled[g] += 1
-    return rewards
 
 
 @dataclass
@@ -120,12 +87,17 @@ class UpdateStats:
         return {name: float(torch.stack(items).nanmean()) for name, items in self.values.items()}
 
 
-class StarPOTrainer:
-    """Owns the policy, optional critic and reference, their optimizers, and the loop state."""
+class StarPOTrainer(IterationLoop):
+    """Owns the policy, optional critic and reference, their optimizers, and the loop state.
 
-    def __init__(self, cfg: DictConfig) -> None:
+    data_parallel: this replica's rank among the Ray workers of `trainer.workers > 1` (`vagen.trainer.workers`),
+    which split the update's rows and sum its gradients; the default is the single process.
+    """
+
+    def __init__(self, cfg: DictConfig, data_parallel: DataParallel | None = None) -> None:
         validate_config(cfg)
-        self.cfg = cfg
+        super().__init__(cfg)
+        self.data_parallel = data_parallel or DataParallel()
         model_cfg = cfg.model
         tokenizer, image_processor = load_processing(
             model_cfg.source, model_cfg.modality, path=model_cfg.path, size=model_cfg.size
@@ -171,11 +143,6 @@ class StarPOTrainer:
             else:
                 self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.optimizers, self.schedulers = self._optimizers()
-        self.iteration = 0
-        self.seed_cursor = cfg.seed * SEED_STRIDE
-        self.monitor = DiagnosticsMonitor(cfg.diagnostics, cfg.seed)
-        self.last_trajectories: list[Trajectory] = []
-        self.initial_val: dict[str, float] = {}  # val/ metrics before training (for the held-out line)
 
     # ---- construction --------------------------------------------------------------------
     def _optimizers(self) -> tuple[dict, dict]:
@@ -210,38 +177,32 @@ class StarPOTrainer:
             modules["critic"] = self.critic
         return modules
 
-    # ---- one iteration -------------------------------------------------------------------
-    def sampling(self) -> SamplingParams:
-        rollout = self.cfg.rollout
-        return SamplingParams(
-            max_new_tokens=rollout.max_new_tokens,
-            temperature=rollout.temperature,
-            top_p=rollout.top_p,
-            seed=derive_seed(self.cfg.seed, self.iteration, SAMPLING_STREAM),
-        )
-
-    def rollout(self) -> list[Trajectory]:
-        """P groups × N rollouts from the next P env seeds."""
+    # ---- one iteration (the loop is `IterationLoop.train_iteration`) --------------------------
+    def collect(self, group_seeds: list[int], first_group_id: int = 0) -> list[Trajectory]:
+        """`group_size` rollouts of each group seed; group ids count from `first_group_id` (a worker's share)."""
         trainer, env_cfg = self.cfg.trainer, self.cfg.env
-        seeds = list(range(self.seed_cursor, self.seed_cursor + trainer.groups))
-        self.seed_cursor += trainer.groups
         spec = RolloutSpec(
-            group_seeds=seeds,
+            group_seeds=group_seeds,
             group_size=trainer.group_size,
             max_context_tokens=self.cfg.rollout.max_context_tokens,
             env_name=env_cfg.name,
+            first_group_id=first_group_id,
         )
         make = lambda: make_env(env_cfg.id, **env_cfg.kwargs)
         return collect_rollouts(make, self.engine, self.formatter, spec, self.sampling())
 
     def validate(self) -> dict[str, float]:
         """`val/` metrics: the current policy on `trainer.eval_episodes` fixed held-out seeds (deterministic)."""
+        return validation_metrics(self.validation_episodes(range(self.cfg.trainer.eval_episodes)))
+
+    def validation_episodes(self, episodes: range) -> list[Trajectory]:
+        """Play held-out episodes `episodes` (all of them, or a worker's share) with the evaluator's sampling."""
         trainer, env_cfg = self.cfg.trainer, self.cfg.env
-        return validate(
+        return validation_episodes(
             lambda: make_env(env_cfg.id, **env_cfg.kwargs),
             self.engine,
             self.formatter,
-            episodes=trainer.eval_episodes,
+            episodes=episodes,
             temperature=trainer.eval_temperature,
             max_new_tokens=self.cfg.rollout.max_new_tokens,
             max_context_tokens=self.cfg.rollout.max_context_tokens,
@@ -252,61 +213,27 @@ class StarPOTrainer:
         """MI proxies on the unfiltered batch, every `diagnostics.compute_freq` iterations."""
         return self.monitor.mi(self.model, self.policy.processor, self.policy.tokenizer, trajectories, self.iteration)
 
-    def filter_hook(self, trajectories: list[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
-        """Keep or drop whole groups by reward spread, before any group statistic is computed."""
-        trainer, filt = self.cfg.trainer, self.cfg.filter
-        rewards = group_returns(trajectories, trainer.groups, trainer.group_size)
-        selected, metrics = select_groups(rewards, strategy=filt.strategy, value=filt.value, stat=filt.stat)
-        kept = apply_empty_policy(selected, trainer.groups, filt.empty_policy)
-        out = {f"filter/{name}": float(value) for name, value in metrics.items()}
-        # keep_all overrides an empty selection: report what actually enters the update.
-        out["filter/empty_policy_applied"] = float(len(kept) != len(selected))
-        out["filter/kept_count"], out["filter/kept_ratio"] = float(len(kept)), len(kept) / trainer.groups
-        keep = set(kept.tolist())
-        return [t for t in trajectories if t.group_id in keep], out
+    def learning_rate(self) -> float:
+        return self.optimizers["policy"].param_groups[0]["lr"]
 
-    def sample_batch(self) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
-        """Rollout → group filter → reroll while nothing is kept (filter.empty_policy=reroll).
+    def train_on(self, kept: list[Trajectory]) -> dict[str, float]:
+        return self.train_stats(kept).means()
 
-        Returns the rollout trained from (the last one), its kept trajectories, and metrics that all describe
-        that rollout (env/, rollout/, filter/); `perf/rollout_s` counts the time of every attempt.
-        """
-        filt, rerolls, rollout_s = self.cfg.filter, 0, 0.0
-        while True:
-            start = time.perf_counter()
-            trajectories = self.rollout()
-            rollout_s += time.perf_counter() - start
-            kept, filter_metrics = self.filter_hook(trajectories)
-            if kept or filt.empty_policy != "reroll" or rerolls >= filt.max_rerolls:
-                break
-            rerolls += 1
-        metrics = {**rollout_metrics(trajectories), **filter_metrics, "filter/rerolls": float(rerolls)}
-        metrics["filter/skipped_update"], metrics["perf/rollout_s"] = float(not kept), rollout_s
-        return trajectories, kept, metrics
+    def train_stats(self, kept: list[Trajectory]) -> UpdateStats:
+        """The update on the kept trajectories; its statistics (a worker's, to be merged), `update_norm` included."""
+        batch = trajectories_to_batch(kept, pad_token_id=self.policy.tokenizer.pad_token_id or 0)
+        release = getattr(self.engine, "release_memory", None)  # a colocated vLLM frees its GPU memory meanwhile
+        if release is not None:
+            release()
+        before = [p.detach().to("cpu", copy=True) for p in self.trainable_parameters()]  # host memory
+        stats = self.update_stats(batch)
+        stats.add("policy", {"update_norm": relative_change(before, self.trainable_parameters())})
+        return stats
 
-    def train_iteration(self) -> dict[str, float]:
-        """One StarPO iteration; returns its metrics (namespace/name → float)."""
-        start = time.perf_counter()
-        trajectories, kept, metrics = self.sample_batch()
-        self.last_trajectories = trajectories
-        metrics.update(self.diagnostics_hook(trajectories))
-        trainer = self.cfg.trainer
-        group_std = group_returns(trajectories, trainer.groups, trainer.group_size).std(dim=1, unbiased=False)
-        update_start = time.perf_counter()
-        metrics["optim/lr"] = self.optimizers["policy"].param_groups[0]["lr"]
-        if kept:
-            batch = trajectories_to_batch(kept, pad_token_id=self.policy.tokenizer.pad_token_id or 0)
-            before = [p.detach().to("cpu", copy=True) for p in self.trainable_parameters()]  # host memory
-            metrics.update(self.update(batch))
-            metrics["policy/update_norm"] = relative_change(before, self.trainable_parameters())
-        metrics.update(self.monitor.echo(float(group_std.mean()), metrics))
+    def finish_iteration(self) -> None:
         for scheduler in self.schedulers.values():
             scheduler.step()
         self.sync_engine()
-        self.iteration += 1
-        metrics["perf/update_s"] = time.perf_counter() - update_start
-        metrics["perf/iteration_s"] = time.perf_counter() - start
-        return metrics
 
     # ---- the update ----------------------------------------------------------------------
     def with_training_tensors(self, batch: TokenBatch, fresh: torch.Tensor | None = None) -> TokenBatch:
@@ -320,27 +247,37 @@ class StarPOTrainer:
         temperature = self.cfg.rollout.temperature
         # Same function, precision (autocast) and mode (no dropout) as the update's forward passes, so the
         # PPO ratio of the first on-policy step is exactly 1.
+        # Data-parallel replicas score their share of the rows and sum (zeros elsewhere): every replica then
+        # holds the whole batch's tensors, and the advantages are computed identically everywhere.
+        parallel = self.data_parallel
+        mine = parallel.share(torch.arange(len(batch)))
         with self._autocast():
             old_logprobs = torch.zeros(batch.input_ids.shape)
-            stale = torch.arange(len(batch)) if fresh is None else (~fresh).nonzero().flatten()
+            stale = mine if fresh is None else mine[~fresh[mine]]
             if len(stale):
                 scored = batched_logprobs(
                     self.model, batch.select(stale), processor, trainer.micro_batch_size, temperature
                 )
                 old_logprobs[stale, : scored.shape[1]] = scored
+            parallel.sum_(old_logprobs)
             ref_logprobs = None
             if self.reference is not None:
-                with self.reference_scope():
-                    ref_logprobs = batched_logprobs(
-                        self.reference, batch, processor, trainer.micro_batch_size, temperature
-                    )
+                ref_logprobs = torch.zeros(batch.input_ids.shape)
+                if len(mine):
+                    with self.reference_scope():
+                        scored = batched_logprobs(
+                            self.reference, batch.select(mine), processor, trainer.micro_batch_size, temperature
+                        )
+                    ref_logprobs[mine, : scored.shape[1]] = scored
+                parallel.sum_(ref_logprobs)
             old_values = None
             if self.critic is not None:
                 old_values = torch.zeros(batch.input_ids.shape)
                 with torch.no_grad():
-                    for rows in _chunks(torch.arange(len(batch)), trainer.micro_batch_size):
+                    for rows in _chunks(mine, trainer.micro_batch_size):
                         values = critic_forward(self.critic, batch.select(rows), processor).float().cpu()
                         old_values[rows, : values.shape[1]] = values
+                parallel.sum_(old_values)
         inputs = AdvantageInputs(
             token_rewards=batch.token_rewards,
             response_mask=batch.response_mask,
@@ -363,13 +300,17 @@ class StarPOTrainer:
         )
 
     def update(self, batch: TokenBatch) -> dict[str, float]:
+        return self.update_stats(batch).means()
+
+    def update_stats(self, batch: TokenBatch) -> UpdateStats:
         trainer = self.cfg.trainer
         shuffle = torch.Generator().manual_seed(derive_seed(self.cfg.seed, self.iteration, SHUFFLE_STREAM))
         first_order = torch.randperm(len(batch), generator=shuffle)
         # The first mini-batch is trained on before any weight changes: its old log-probs are exactly the new ones of
         # its own forward (detached), so their separate no-grad pass is skipped (`trainer.reuse_first_forward`).
+        # Data-parallel replicas score every row up front instead: a replica only sees the forwards of its own rows.
         fresh = torch.zeros(len(batch), dtype=torch.bool)
-        if trainer.reuse_first_forward:
+        if trainer.reuse_first_forward and self.data_parallel.world == 1:
             fresh[first_order[: trainer.mini_batch_size]] = True
         batch = self.with_training_tensors(batch, fresh)
         stats = UpdateStats.empty()
@@ -394,14 +335,14 @@ class StarPOTrainer:
         # any gap is rollout/training mismatch (precision, kernels, inputs, and top-p / top-k truncation if on).
         gap = (batch.rollout_logprobs - batch.old_logprobs).abs() * mask
         stats.add("rollout", {"logprob_gap_mean": gap.sum() / mask.sum().clamp(min=1), "logprob_gap_max": gap.max()})
-        return stats.means()
+        return stats
 
     def _train_mini_batch(self, batch: TokenBatch, mini: torch.Tensor, fresh: torch.Tensor, stats: UpdateStats) -> None:
-        """One optimizer step on the rows `mini`, accumulated over micro-batches."""
+        """One optimizer step on the rows `mini`, accumulated over micro-batches (of this replica's share of them)."""
         for optimizer in self.optimizers.values():
             optimizer.zero_grad(set_to_none=True)
         whole_mask = batch.response_mask[mini]
-        for micro in _chunks(mini, self.cfg.trainer.micro_batch_size):
+        for micro in _chunks(self.data_parallel.share(mini), self.cfg.trainer.micro_batch_size):
             mb = batch.select(micro)
             logprobs = self._micro_step(mb, whole_mask, stats, fresh[micro])
             if bool(fresh[micro].any()):  # keep them: later epochs and the gap metric read old log-probs
@@ -468,6 +409,7 @@ class StarPOTrainer:
         max_norm = self.cfg.trainer.max_grad_norm
         for name, optimizer in self.optimizers.items():
             params = [p for group in optimizer.param_groups for p in group["params"]]
+            self.data_parallel.sum_gradients(params)  # each replica's shares add up to the whole mini-batch
             if name == "policy" and any(p.grad is not None for p in self.vision_parameters):
                 # Is the vision tower learning under RL? Its share of the (pre-clipping) gradient says.
                 vision_grads = [p.grad for p in self.vision_parameters if p.grad is not None]
@@ -494,38 +436,34 @@ class StarPOTrainer:
         if close is not None:
             close()
 
-    # ---- state for checkpoints -----------------------------------------------------------
-    def state(self) -> dict[str, Any]:
-        return {
-            "iteration": self.iteration,
-            "seed_cursor": self.seed_cursor,
-            "diagnostics": self.monitor.state_dict(),
-            "initial_val": self.initial_val,
-        }
+    # ---- checkpoints ----------------------------------------------------------------------
+    def save(self, keep_last: int) -> Path:
+        """A complete checkpoint of this iteration in `run_dir/checkpoints` (`vagen.trainer.checkpoint`)."""
+        return save_checkpoint(
+            self.run_dir,
+            self.iteration,
+            modules=self.modules,
+            optimizers=self.optimizers,
+            schedulers=self.schedulers,
+            state=self.state(),
+            keep_last=keep_last,
+            fingerprint=self.fingerprint(),
+        )
 
-    def load_state(self, state: dict[str, Any]) -> None:
-        self.iteration, self.seed_cursor = int(state["iteration"]), int(state["seed_cursor"])
-        self.initial_val = dict(state.get("initial_val", {}))
-        self.monitor.load_state_dict(state.get("diagnostics", {}))
-
-    def fingerprint(self) -> dict[str, Any]:
-        """What a checkpoint must agree with to be resumed by this config."""
-        cfg = self.cfg
-        return {
-            "model": cfg.model.name,
-            "algorithm": cfg.algorithm.name,
-            "critic": bool(cfg.algorithm.critic),
-            "lora": bool(cfg.trainer.lora.enabled),
-            "env": cfg.env.name,
-            "env_kwargs": OmegaConf.to_container(cfg.env.kwargs, resolve=True),  # the task itself
-        }
-
-    def config_dict(self) -> dict[str, Any]:
-        return OmegaConf.to_container(self.cfg, resolve=True)
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.cfg.run_dir)
+    def restore(self, path: Path) -> dict[str, Any]:
+        """Load a checkpoint (weights, optimizers, RNG, loop and diagnostic state); returns its loop state."""
+        state = load_checkpoint(
+            path,
+            modules=self.modules,
+            optimizers=self.optimizers,
+            schedulers=self.schedulers,
+            fingerprint=self.fingerprint(),
+        )
+        self.load_state(state)
+        # An engine with its own copy of the weights (vLLM) still holds the initial ones: sync it before the first
+        # rollout, or the first resumed iteration would sample from the untrained policy.
+        self.sync_engine()
+        return state
 
 
 def relative_change(before: list[torch.Tensor], after: list[torch.Tensor]) -> float:

@@ -1,0 +1,211 @@
+"""One StarPO iteration as the driver sees it, whoever holds the model: a single process (`StarPOTrainer`) or N
+Ray workers (`vagen.trainer.workers.RayTrainer`).
+
+rollout → diagnostics hook (unfiltered batch) → group filter (whole groups) → update on the kept groups →
+Echo Trap monitor → scheduler step and engine sync. The loop owns what must be identical for any number of
+workers: the env-seed cursor, the filter, the reroll rule, the diagnostics state and the metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from vagen.engines import SamplingParams
+from vagen.engines.base import derive_seed
+from vagen.filtering import apply_empty_policy, select_groups
+from vagen.rollout import Trajectory
+from vagen.rollout.validation import episode_metrics
+from vagen.trainer.monitor import DiagnosticsMonitor
+
+SAMPLING_STREAM, SHUFFLE_STREAM = 0, 1  # derive_seed(run seed, iteration, stream): one seed per use
+SEED_STRIDE = 100_000  # env seeds of run seed s start at s * SEED_STRIDE; evaluation uses seeds >= 1e9
+
+
+def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """env/ and rollout/ metrics of a batch of trajectories (before filtering)."""
+    turns = [turn for t in trajectories for turn in t.turns]
+    count = max(len(turns), 1)
+    return {
+        **{f"env/{name}": value for name, value in episode_metrics(trajectories).items()},
+        "env/action_valid": sum(bool(turn.info.get("action_is_valid")) for turn in turns) / count,
+        "env/action_effective": sum(bool(turn.info.get("action_is_effective")) for turn in turns) / count,
+        "rollout/response_tokens": sum(len(turn.response_ids) for turn in turns) / count,
+        "rollout/length_cut": sum(turn.finish_reason == "length" for turn in turns) / count,
+        "rollout/context_budget_ends": sum(t.end_reason == "context_budget" for t in trajectories) / len(trajectories),
+        **reasoning_scores(turns),
+    }
+
+
+def reasoning_scores(turns) -> dict[str, float]:
+    """env/grounding_score and env/prediction_score: mean grade of the turns that were graded (the
+    grounding/worldmodeling formats on a game with `state_objects`); absent when no turn was."""
+    metrics = {}
+    for key in ("grounding_score", "prediction_score"):
+        scores = [turn.info[key] for turn in turns if turn.info.get(key) is not None]
+        if scores:
+            metrics[f"env/{key}"] = sum(scores) / len(scores)
+    return metrics
+
+
+def group_returns(trajectories: list[Trajectory], groups: int, group_size: int) -> torch.Tensor:
+    """Total rewards as [G, N], row g = the rollouts of group g in rollout order."""
+    rewards = torch.zeros(groups, group_size)
+    filled = [0] * groups
+    for trajectory in trajectories:
+        g = trajectory.group_id
+        rewards[g, filled[g]] = trajectory.total_reward
+        filled[g] += 1
+    return rewards
+
+
+class IterationLoop:
+    """The loop state and the iteration; subclasses say where rollouts, updates and checkpoints happen."""
+
+    def __init__(self, cfg: DictConfig) -> None:
+        self.cfg = cfg
+        self.iteration = 0
+        self.seed_cursor = cfg.seed * SEED_STRIDE
+        self.monitor = DiagnosticsMonitor(cfg.diagnostics, cfg.seed)
+        self.last_trajectories: list[Trajectory] = []
+        self.initial_val: dict[str, float] = {}  # val/ metrics before training (for the held-out line)
+
+    # ---- what a subclass provides ----------------------------------------------------------
+    def collect(self, group_seeds: list[int]) -> list[Trajectory]:
+        """Play `group_size` rollouts of each group seed (group ids 0..P-1) with `self.sampling()`."""
+        raise NotImplementedError
+
+    def diagnostics_hook(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """MI proxies on the unfiltered batch, every `diagnostics.compute_freq` iterations."""
+        raise NotImplementedError
+
+    def learning_rate(self) -> float:
+        raise NotImplementedError
+
+    def train_on(self, kept: list[Trajectory]) -> dict[str, float]:
+        """The update on the kept trajectories (whole groups); its metrics, `policy/update_norm` included."""
+        raise NotImplementedError
+
+    def finish_iteration(self) -> None:
+        """Step the LR schedulers and make the rollout engine(s) sample from the new weights."""
+        raise NotImplementedError
+
+    def validate(self) -> dict[str, float]:
+        """`val/` metrics of the current policy on `trainer.eval_episodes` fixed held-out seeds."""
+        raise NotImplementedError
+
+    def save(self, keep_last: int) -> Path:
+        """Write a complete checkpoint of this iteration (with `self.state()`); returns its folder."""
+        raise NotImplementedError
+
+    def restore(self, path: Path) -> dict[str, Any]:
+        """Load a checkpoint written by any worker count; returns the loop state it held."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release engines and workers."""
+
+    # ---- one iteration -------------------------------------------------------------------
+    def sampling(self) -> SamplingParams:
+        rollout = self.cfg.rollout
+        return SamplingParams(
+            max_new_tokens=rollout.max_new_tokens,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            seed=derive_seed(self.cfg.seed, self.iteration, SAMPLING_STREAM),
+        )
+
+    def rollout(self) -> list[Trajectory]:
+        """P groups × N rollouts from the next P env seeds."""
+        groups = self.cfg.trainer.groups
+        seeds = list(range(self.seed_cursor, self.seed_cursor + groups))
+        self.seed_cursor += groups
+        return self.collect(seeds)
+
+    def filter_hook(self, trajectories: list[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
+        """Keep or drop whole groups by reward spread, before any group statistic is computed."""
+        trainer, filt = self.cfg.trainer, self.cfg.filter
+        rewards = group_returns(trajectories, trainer.groups, trainer.group_size)
+        selected, metrics = select_groups(rewards, strategy=filt.strategy, value=filt.value, stat=filt.stat)
+        kept = apply_empty_policy(selected, trainer.groups, filt.empty_policy)
+        out = {f"filter/{name}": float(value) for name, value in metrics.items()}
+        # keep_all overrides an empty selection: report what actually enters the update.
+        out["filter/empty_policy_applied"] = float(len(kept) != len(selected))
+        out["filter/kept_count"], out["filter/kept_ratio"] = float(len(kept)), len(kept) / trainer.groups
+        keep = set(kept.tolist())
+        return [t for t in trajectories if t.group_id in keep], out
+
+    def sample_batch(self) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
+        """Rollout → group filter → reroll while nothing is kept (filter.empty_policy=reroll).
+
+        Returns the rollout trained from (the last one), its kept trajectories, and metrics that all describe
+        that rollout (env/, rollout/, filter/); `perf/rollout_s` counts the time of every attempt.
+        """
+        filt, rerolls, rollout_s = self.cfg.filter, 0, 0.0
+        while True:
+            start = time.perf_counter()
+            trajectories = self.rollout()
+            rollout_s += time.perf_counter() - start
+            kept, filter_metrics = self.filter_hook(trajectories)
+            if kept or filt.empty_policy != "reroll" or rerolls >= filt.max_rerolls:
+                break
+            rerolls += 1
+        metrics = {**rollout_metrics(trajectories), **filter_metrics, "filter/rerolls": float(rerolls)}
+        metrics["filter/skipped_update"], metrics["perf/rollout_s"] = float(not kept), rollout_s
+        return trajectories, kept, metrics
+
+    def train_iteration(self) -> dict[str, float]:
+        """One StarPO iteration; returns its metrics (namespace/name → float)."""
+        start = time.perf_counter()
+        trajectories, kept, metrics = self.sample_batch()
+        self.last_trajectories = trajectories
+        metrics.update(self.diagnostics_hook(trajectories))
+        trainer = self.cfg.trainer
+        group_std = group_returns(trajectories, trainer.groups, trainer.group_size).std(dim=1, unbiased=False)
+        update_start = time.perf_counter()
+        metrics["optim/lr"] = self.learning_rate()
+        if kept:
+            metrics.update(self.train_on(kept))
+        metrics.update(self.monitor.echo(float(group_std.mean()), metrics))
+        self.finish_iteration()
+        self.iteration += 1
+        metrics["perf/update_s"] = time.perf_counter() - update_start
+        metrics["perf/iteration_s"] = time.perf_counter() - start
+        return metrics
+
+    # ---- state for checkpoints -----------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {
+            "iteration": self.iteration,
+            "seed_cursor": self.seed_cursor,
+            "diagnostics": self.monitor.state_dict(),
+            "initial_val": self.initial_val,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.iteration, self.seed_cursor = int(state["iteration"]), int(state["seed_cursor"])
+        self.initial_val = dict(state.get("initial_val", {}))
+        self.monitor.load_state_dict(state.get("diagnostics", {}))
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What a checkpoint must agree with to be resumed by this config (not the worker count: any N resumes)."""
+        cfg = self.cfg
+        return {
+            "model": cfg.model.name,
+            "algorithm": cfg.algorithm.name,
+            "critic": bool(cfg.algorithm.critic),
+            "lora": bool(cfg.trainer.lora.enabled),
+            "env": cfg.env.name,
+            "env_kwargs": OmegaConf.to_container(cfg.env.kwargs, resolve=True),  # the task itself
+        }
+
+    def config_dict(self) -> dict[str, Any]:
+        return OmegaConf.to_container(self.cfg, resolve=True)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.run_dir)
