@@ -35,6 +35,7 @@ RUN = [
     "logger.progress=false",
     "trainer.viz_every=0",
     "trainer.eval_every=0",
+    "trainer.eval_episodes=3",  # validation is called directly below, split 2 + 1 between the workers
     "diagnostics.compute_freq=1",
 ]
 
@@ -56,14 +57,15 @@ def ray_cluster():
 
 @pytest.fixture(scope="module")
 def single_run(tmp_path_factory):
-    """The single process's 2 iterations: each iteration's trajectories and the policy after each."""
+    """The single process's 2 iterations: each iteration's trajectories, the policy after each, and the final
+    validation."""
     trainer = StarPOTrainer(config(tmp_path_factory.mktemp("single")))
     trajectories, parameters = [], []
     for _ in range(2):
         trainer.train_iteration()
         trajectories.append(trainer.last_trajectories)
         parameters.append({name: p.detach().clone() for name, p in trainer.model.named_parameters()})
-    return trajectories, parameters
+    return trajectories, parameters, trainer.validate()
 
 
 def assert_same_trajectories(mine, theirs):
@@ -88,8 +90,9 @@ def test_contiguous_shares_never_split_a_group_and_cover_all():
 
 
 def test_two_workers_play_and_train_as_one_process(ray_cluster, single_run, tmp_path):
-    """Same trajectories at every iteration; parameters within 1e-5 after 2 iterations, on both replicas."""
-    trajectories, parameters = single_run
+    """Same trajectories at every iteration; parameters within 1e-5 after 2 iterations, on both replicas; the same
+    held-out validation."""
+    trajectories, parameters, validation = single_run
     trainer = RayTrainer(config(tmp_path, "trainer.workers=2"))
     try:
         for iteration in range(2):
@@ -99,6 +102,7 @@ def test_two_workers_play_and_train_as_one_process(ray_cluster, single_run, tmp_
         assert logged <= metrics.keys()
         assert_same_parameters(trainer.worker_parameters(0), parameters[1])
         assert_same_parameters(trainer.worker_parameters(1), trainer.worker_parameters(0), atol=0)
+        assert trainer.validate() == pytest.approx(validation, nan_ok=True)
     finally:
         trainer.close()
 
@@ -106,7 +110,7 @@ def test_two_workers_play_and_train_as_one_process(ray_cluster, single_run, tmp_
 def test_each_worker_count_resumes_the_others_checkpoint(ray_cluster, single_run, tmp_path):
     """1 worker → checkpoint → 2 workers finish the run, and the other way round: both end where the single
     uninterrupted run ends."""
-    _, parameters = single_run
+    _, parameters, _ = single_run
     for first, second in ((1, 2), (2, 1)):
         run_dir = tmp_path / f"{first}-then-{second}"
         train(config(run_dir, f"trainer.workers={first}", "trainer.iterations=1"))
@@ -117,7 +121,7 @@ def test_each_worker_count_resumes_the_others_checkpoint(ray_cluster, single_run
 
 
 def test_a_killed_worker_names_itself_and_the_checkpoint_which_resumes(ray_cluster, single_run, tmp_path):
-    _, parameters = single_run
+    _, parameters, _ = single_run
     cfg = config(tmp_path, "trainer.workers=2", "trainer.iterations=2")
     trainer = RayTrainer(cfg)
     try:
