@@ -56,6 +56,7 @@ def main() -> None:
     extra = [a for a in sys.argv[1:] if a.split("=", 1)[0] not in OWN_OPTIONS]
     torch.set_num_threads(threads)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_worker_niceness", "0")  # Ray lowers its workers' priority by default: not in a race
     import ray
 
     ray.init(num_cpus=threads, include_dashboard=False, log_to_driver=False)
