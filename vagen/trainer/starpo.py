@@ -1,10 +1,11 @@
-"""The StarPO loop (RAGEN): roll out whole multi-turn trajectories, then a PPO-style update on them.
+"""The StarPO trainer (RAGEN): the model side of an iteration, whose loop is `vagen.trainer.loop.IterationLoop`.
 
 One iteration, in paper order:
 rollout → diagnostics hook (unfiltered batch) → group filter (whole groups) → old log-probs →
 reference log-probs → values → advantages → mini-batch PPO epochs with gradient accumulation → metrics.
 Every per-iteration random choice (sampling seed, shuffling) is derived from (seed, iteration), so
-a resumed run replays exactly what an uninterrupted one would have done.
+a resumed run replays exactly what an uninterrupted one would have done. As one of N data-parallel replicas
+(`vagen.trainer.workers`) it scores and trains its share of the rows and sums the results with the others.
 """
 
 from __future__ import annotations
