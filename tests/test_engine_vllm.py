@@ -273,6 +273,7 @@ TRAINER_RUN = [
     "trainer.eval_every=0",
     "trainer.viz_every=0",
     "rollout.max_new_tokens=8",
+    "rollout.max_context_tokens=1024",  # as vLLM's max_model_len below; the memory plan sizes activations by it
     "logger.wandb_mode=disabled",
     "logger.progress=false",
 ]
