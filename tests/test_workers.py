@@ -50,6 +50,7 @@ def config(run_dir, *overrides):
 @pytest.fixture(scope="module")
 def ray_cluster():
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_worker_niceness", "0")  # Ray lowers its workers' priority: starved on a busy machine
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()

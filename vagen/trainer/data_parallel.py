@@ -36,8 +36,13 @@ class DataParallel:
 
     def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum `tensor` over replicas in place (each replica filled its own rows, zeros elsewhere)."""
-        if self.world > 1:
-            torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
+        if self.world == 1:
+            return tensor
+        if torch.distributed.get_backend() == "nccl" and not tensor.is_cuda:  # nccl reduces GPU memory only
+            on_gpu = tensor.cuda()
+            torch.distributed.all_reduce(on_gpu, op=torch.distributed.ReduceOp.SUM)
+            return tensor.copy_(on_gpu.cpu())
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
         return tensor
 
     def sum_gradients(self, parameters: list[torch.nn.Parameter]) -> None:
