@@ -36,12 +36,6 @@ def resume_point(cfg: DictConfig) -> Path | None:
     return path
 
 
-def restore_checkpoint(trainer: StarPOTrainer, path: Path) -> StarPOTrainer:
-    """Load a checkpoint into a freshly built trainer (weights, optimizers, RNG, loop and diagnostic state)."""
-    trainer.restore(path)
-    return trainer
-
-
 def build_trainer(cfg: DictConfig) -> IterationLoop:
     """The single-process trainer, or with `trainer.workers > 1` the driver of that many Ray workers."""
     if cfg.trainer.workers == 1:
@@ -56,7 +50,9 @@ def trained(cfg: DictConfig) -> StarPOTrainer:
     path = latest_checkpoint(Path(cfg.run_dir))
     if path is None:
         raise ValueError(f"No complete checkpoint in {cfg.run_dir}; train first (scripts/train.py).")
-    return restore_checkpoint(StarPOTrainer(cfg), path)
+    trainer = StarPOTrainer(cfg)
+    trainer.restore(path)  # weights, optimizers, RNG, loop and diagnostic state
+    return trainer
 
 
 def save_sample_gifs(trajectories: list[Trajectory], cfg: DictConfig, folder: Path) -> list[Path]:
