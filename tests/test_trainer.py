@@ -1,5 +1,6 @@
 """End-to-end StarPO runs on the tiny random models: every preset, resume exactness, config errors."""
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -131,6 +132,7 @@ def test_resume_is_exact(tmp_path):
         ([*TEXT, "trainer.micro_batch_size=0"], "trainer.micro_batch_size=0 must be a whole number >= 1"),
         ([*TEXT, "trainer.iterations=0"], "trainer.iterations=0 must be a whole number >= 1"),
         ([*TEXT, "trainer.lr=0"], "must be > 0"),
+        ([*TEXT, "trainer.adam_eps=0"], "trainer.adam_eps=0 must be > 0"),
         ([*TEXT, "trainer.save_every=0"], "trainer.save_every=0"),
         ([*TEXT, "trainer.keep_checkpoints=0"], "trainer.keep_checkpoints=0"),
         ([*TEXT, "rollout.temperature=-1"], "rollout.temperature=-1"),
@@ -140,6 +142,7 @@ def test_resume_is_exact(tmp_path):
         ([*TEXT, "filter=top_p", "filter.value=1.5"], "top_p needs value in"),
         ([*TEXT, "rollout.engine=api"], "rollout.engine=api cannot train"),
         ([*TEXT, "trainer.lora.enabled=true", "trainer.lora.dropout=0.05"], "Set trainer.lora.dropout=0"),
+        ([*TEXT, "algorithm.advantage_min=0.5"], "algorithm.advantage_min=0.5 must be a number <= 0"),
     ],
 )
 def test_incompatible_configs_fail_before_any_model_loads(overrides, message, monkeypatch):
@@ -406,6 +409,22 @@ def test_after_a_reroll_everything_describes_the_batch_trained_on(monkeypatch):
     assert metrics["filter/kept_count"] == real_filter(final)[1]["filter/kept_count"]
     groups = starpo.group_returns(final, trainer.cfg.trainer.groups, trainer.cfg.trainer.group_size)
     assert echoed == [pytest.approx(float(groups.std(dim=1, unbiased=False).mean()))]
+
+
+def test_self_imitation_keeps_the_positive_part_of_the_same_advantages():
+    """advantage_min=0 changes nothing but the floor: the same rollout gets max(A, 0) of the plain estimator."""
+    overrides = [*TEXT, "algorithm=drgrpo", "trainer.groups=2", "trainer.group_size=4"]
+    plain, imitating = (
+        StarPOTrainer(config(overrides)),
+        StarPOTrainer(config([*overrides, "algorithm.advantage_min=0"])),
+    )
+    batch = starpo.trajectories_to_batch(plain.rollout(), pad_token_id=plain.policy.tokenizer.pad_token_id or 0)
+    # The random test model earns the same reward everywhere; give each rollout a different one.
+    rewards = torch.arange(8, dtype=torch.float32)[:, None] * batch.response_mask
+    batch = dataclasses.replace(batch, token_rewards=rewards)
+    expected = plain.with_training_tensors(batch).advantages
+    assert (expected < 0).any() and (expected > 0).any(), "the rollout should have mixed advantages"
+    assert torch.equal(imitating.with_training_tensors(batch).advantages, expected.clamp(min=0))
 
 
 def test_select_slices_the_training_tensors_with_their_dialogues():

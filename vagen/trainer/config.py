@@ -52,6 +52,8 @@ def _check_numbers(cfg: Any) -> None:
     trainer, rollout = cfg.trainer, cfg.rollout
     if not trainer.lr > 0 or not trainer.critic_lr > 0:
         raise ValueError(f"trainer.lr={trainer.lr} and trainer.critic_lr={trainer.critic_lr} must be > 0.")
+    if not trainer.adam_eps > 0:
+        raise ValueError(f"trainer.adam_eps={trainer.adam_eps} must be > 0 (AdamW divides by sqrt(v) + eps).")
     for key in ("rollout.temperature", "trainer.eval_temperature", "trainer.eval_every"):
         if not OmegaConf.select(cfg, key) >= 0:
             raise ValueError(f"{key}={OmegaConf.select(cfg, key)} must be >= 0 (0 = greedy / no validation).")
@@ -161,6 +163,11 @@ def validate_config(cfg: Any) -> None:
         )
     if not 0 < algo.clip_low < 1 or algo.clip_high <= 0:
         raise ValueError("algorithm.clip_low must be in (0, 1) and algorithm.clip_high > 0.")
+    if algo.advantage_min is not None and (isinstance(algo.advantage_min, bool) or algo.advantage_min > 0):
+        raise ValueError(
+            f"algorithm.advantage_min={algo.advantage_min!r} must be a number <= 0 (0 = self-imitation) or null; "
+            "a positive floor would push up every sampled text, the worst ones included."
+        )
     if trainer.micro_batch_size > trainer.mini_batch_size:
         raise ValueError(
             f"trainer.micro_batch_size={trainer.micro_batch_size} exceeds trainer.mini_batch_size="

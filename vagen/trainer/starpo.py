@@ -154,6 +154,7 @@ class StarPOTrainer(IterationLoop):
             "policy": torch.optim.AdamW(
                 self.trainable_parameters(),
                 lr=trainer.lr,
+                eps=trainer.adam_eps,
                 weight_decay=trainer.weight_decay,
             )
         }
@@ -290,6 +291,10 @@ class StarPOTrainer(IterationLoop):
         advantages, returns = ADVANTAGE_ESTIMATORS.get(algo.advantage)(inputs, params)
         if algo.whiten_advantages:
             advantages = masked_whiten(advantages, batch.response_mask)
+        if algo.advantage_min is not None:
+            # Self-imitation (advantage_min=0): a small policy loses far more log-prob on pushed-down texts than it
+            # gains on pushed-up ones, so with negatives dropped the update is a weighted SFT on its own successes.
+            advantages = advantages.clamp(min=algo.advantage_min)
         value_targets = returns if old_values is not None else None
         return replace(
             batch,
