@@ -12,7 +12,6 @@ iterations 2..N (the first warms caches): iteration, rollout and update seconds,
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import tempfile
@@ -22,7 +21,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from vagen.trainer.starpo import StarPOTrainer
-from vagen.trainer.workers import RayTrainer
+from vagen.trainer.workers import RayTrainer, local_ray_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 OWN_OPTIONS = ("iterations", "threads")
@@ -55,8 +54,7 @@ def main() -> None:
     iterations, threads = int(option("iterations", "4")), int(option("threads", "2"))
     extra = [a for a in sys.argv[1:] if a.split("=", 1)[0] not in OWN_OPTIONS]
     torch.set_num_threads(threads)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_worker_niceness", "0")  # Ray lowers its workers' priority by default: not in a race
+    local_ray_environment()  # workers at normal priority, so the race is fair on a shared machine
     import ray
 
     ray.init(num_cpus=threads, include_dashboard=False, log_to_driver=False)

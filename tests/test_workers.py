@@ -16,7 +16,7 @@ from vagen.trainer.run import train, trained
 from vagen.trainer.starpo import StarPOTrainer
 
 ray = pytest.importorskip("ray")
-from vagen.trainer.workers import RayTrainer, WorkerLost, contiguous_shares  # noqa: E402
+from vagen.trainer.workers import RayTrainer, WorkerLost, contiguous_shares, local_ray_environment  # noqa: E402
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 RUN = [
@@ -49,8 +49,7 @@ def config(run_dir, *overrides):
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_worker_niceness", "0")  # Ray lowers its workers' priority: starved on a busy machine
+    local_ray_environment()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()

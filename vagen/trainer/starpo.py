@@ -293,7 +293,8 @@ class StarPOTrainer(IterationLoop):
             advantages = masked_whiten(advantages, batch.response_mask)
         if algo.advantage_min is not None:
             # Self-imitation (advantage_min=0): a small policy loses far more log-prob on pushed-down texts than it
-            # gains on pushed-up ones, so with negatives dropped the update is a weighted SFT on its own successes.
+            # gains on pushed-up ones; with negatives dropped the update is a weighted SFT on its better-than-baseline
+            # rollouts (for a group-relative estimator, those above their group's mean).
             advantages = advantages.clamp(min=algo.advantage_min)
         value_targets = returns if old_values is not None else None
         return replace(
