@@ -29,11 +29,32 @@ def recipe_of(cfg: DictConfig) -> WarmStartRecipe:
     return WarmStartRecipe(size=str(cfg.model.size or "default"), **values)
 
 
+def other_envs(cfg: DictConfig) -> dict[str, DictConfig]:
+    """The `also_envs` configs (configs/env/<name>.yaml), each checked against the model like `env`."""
+    configs = {}
+    for name in cfg.also_envs:
+        path = CONFIG_DIR / "env" / f"{name}.yaml"
+        if not path.exists():
+            names = sorted(p.stem for p in (CONFIG_DIR / "env").glob("*.yaml"))
+            raise ValueError(f"also_envs names {name!r}, which is not an env config; use names of {names}.")
+        if name == cfg.env.name or name in configs:
+            raise ValueError(f"also_envs names {name!r} twice (with env=...); name each game once.")
+        configs[name] = OmegaConf.load(path)
+        check_model_reads_env(OmegaConf.create({"env": configs[name], "model": cfg.model}))
+    return configs
+
+
+def env_factory(env_cfg: DictConfig):
+    kwargs = OmegaConf.to_container(env_cfg.kwargs, resolve=True)
+    return lambda: make_env(env_cfg.id, **kwargs)
+
+
 def model_config(cfg: DictConfig, folder: Path) -> str:
     """A configs/model entry that loads the SFT result (source=pretrained, path=the folder)."""
+    games = " + ".join([cfg.env.name, *cfg.also_envs])
     return "\n".join(
         [
-            f"# Written by scripts/sft.py: {cfg.model.name} warm-started on {cfg.env.name} demonstrations.",
+            f"# Written by scripts/sft.py: {cfg.model.name} warm-started on {games} demonstrations.",
             f"name: {cfg.sft.config_name}",
             "source: pretrained",
             f"path: {folder}",
@@ -50,6 +71,7 @@ def main(cfg: DictConfig) -> None:
     try:
         recipe = recipe_of(cfg)
         check_model_reads_env(cfg)
+        others = other_envs(cfg)
         folder = Path(cfg.out).resolve()
         if (folder / "report.json").exists():
             raise ValueError(f"{folder} already holds an SFT result; choose another out=... or move it away.")
@@ -59,23 +81,24 @@ def main(cfg: DictConfig) -> None:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     processor = load_processor(policy.folder) if policy.image_processor is not None else policy.tokenizer
-    env_kwargs = OmegaConf.to_container(cfg.env.kwargs, resolve=True)
     folder.mkdir(parents=True, exist_ok=True)
     report = warm_start(
         policy.model,
         processor,
         recipe,
         folder,
-        make=lambda: make_env(cfg.env.id, **env_kwargs),
+        make=env_factory(cfg.env),
         env_name=cfg.env.name,
         evaluate_before=True,
+        other_games={name: env_factory(env_cfg) for name, env_cfg in others.items()},
     )
     temperature = f"temperature_{recipe.eval_temperature:g}"
-    for when, block in (("before SFT", report["eval_before"]), ("after SFT", report["eval"])):
-        print(f"held-out {when}: success {block[temperature]['success']:.1%} (T={recipe.eval_temperature:g}), "
-              f"greedy {block['greedy']['success']:.1%}, format-ok {block[temperature]['format_ok']:.1%} "
-              f"({recipe.eval_episodes} episodes)")  # fmt: skip
-    print(f"random {report['eval']['random']['success']:.1%}, solver {report['eval']['solver']['success']:.1%}")
+    for name, game in {cfg.env.name: report, **report.get("other_games", {})}.items():
+        for when, block in (("before SFT", game["eval_before"]), ("after SFT", game["eval"])):
+            print(f"{name} held-out {when}: success {block[temperature]['success']:.1%} "
+                  f"(T={recipe.eval_temperature:g}), greedy {block['greedy']['success']:.1%}, "
+                  f"format-ok {block[temperature]['format_ok']:.1%} ({recipe.eval_episodes} episodes)")  # fmt: skip
+        print(f"{name}: random {game['eval']['random']['success']:.1%}, solver {game['eval']['solver']['success']:.1%}")
     print(f"Model folder: {folder}")
     if cfg.sft.config_name:
         entry = CONFIG_DIR / "model" / f"{cfg.sft.config_name}.yaml"

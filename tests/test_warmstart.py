@@ -20,11 +20,14 @@ from vagen.bootstrap.warmstart import (
     held_out_seeds,
     make_sokoban_visual,
     pretrain_vision,
+    probe_columns,
+    probe_labels,
     read_report,
     sft_loss,
     tile_direction_labels,
     train_sft,
 )
+from vagen.env import make_env
 from vagen.env.policies import RELATIVE_DIRECTIONS
 from vagen.models.cache import read_stamp
 from vagen.rollout import DialogueFormatter
@@ -86,6 +89,21 @@ def test_tile_labels_give_the_think_words_at_the_player_and_box_tiles():
     assert RELATIVE_DIRECTIONS[labels[1 * 6 + 3, 1]] == "down-left"  # "box is down-left of me"
     assert RELATIVE_DIRECTIONS[labels[2 * 6 + 2, 2]] == "down-right"  # "target is down-right of box"
     assert RELATIVE_DIRECTIONS[labels[1 * 6 + 3, 0]] == "here" and RELATIVE_DIRECTIONS[labels[0, 0]] == "down-right"
+
+
+def test_games_warm_started_together_get_their_own_probe_columns(formatter):
+    """Sokoban (player, box, target) and FrozenLake (player, goal) side by side: 5 columns, each game's labels in its
+    own columns and -100 (ignored by cross-entropy) in the other game's."""
+    lake = demo_module.demonstrations(
+        lambda: make_env("vagen/FrozenLake-v0", observation="image", size=4), formatter, range(2), 0.0, name="lake"
+    )
+    mixed = demonstrations(formatter, range(2), noise_eps=0.0) + lake
+    columns = probe_columns(mixed)
+    assert columns == {"sokoban_visual": (0, 3), "lake": (3, 5)}
+    demo = lake[0]
+    labels = probe_labels(demo.grid_shapes[0], demo.key_cells[0], columns["lake"], 5)
+    assert labels.shape == (16, 5) and (labels[:, :3] == -100).all()
+    assert np.array_equal(labels[:, 3:], tile_direction_labels(demo.grid_shapes[0], demo.key_cells[0]))
 
 
 def test_vision_pretraining_learns_and_sft_keeps_the_vision_tower_frozen(formatter):
@@ -187,11 +205,13 @@ def test_shipped_tiny_vl_is_the_current_recipe_and_plays_as_its_report_says(tmp_
 
 
 @pytest.mark.parametrize(
-    ("env", "model"), [("sokoban_visual", "tiny_vl_test"), ("frozenlake_text", "tiny_text_test")], ids=["vl", "text"]
+    ("env", "model", "also"),
+    [("sokoban_visual", "tiny_vl_test", ["frozenlake_visual"]), ("frozenlake_text", "tiny_text_test", [])],
+    ids=["vl-two-games", "text"],
 )
-def test_sft_script_end_to_end_writes_a_model_folder_report_and_config(env, model, tmp_path, monkeypatch):
+def test_sft_script_end_to_end_writes_a_model_folder_report_and_config(env, model, also, tmp_path, monkeypatch):
     """scripts/sft.py on the tiny test models: a loadable model folder, a report with held-out success before
-    and after SFT, and a model config that the trainer's loader reads."""
+    and after SFT (for every game of `also_envs` too), and a model config that the trainer's loader reads."""
     import subprocess
     import sys
 
@@ -205,16 +225,21 @@ def test_sft_script_end_to_end_writes_a_model_folder_report_and_config(env, mode
     quick = ["sft.train_episodes=6", "sft.steps=3", "sft.batch_size=3", "sft.warmup_steps=1", "sft.bf16=false"]
     quick += ["sft.vision_steps=2", "sft.vision_batch_size=4", "sft.eval_episodes=2", "sft.max_new_tokens=16"]
     command = [sys.executable, str(root / "scripts" / "sft.py"), f"env={env}", f"model={model}", *quick]
-    command += [f"out={tmp_path / 'out'}", f"sft.config_name={name}"]
+    command += [f"out={tmp_path / 'out'}", f"sft.config_name={name}", f"also_envs=[{','.join(also)}]"]
     try:
         done = subprocess.run(command, capture_output=True, text=True, cwd=root, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
         assert "held-out before SFT" in done.stdout and "held-out after SFT" in done.stdout
         report = read_report(tmp_path / "out")
         assert report["env"] == env and report["recipe"]["steps"] == 3
-        for block in (report["eval_before"], report["eval"]):
-            assert {"greedy", "temperature_0.5"} <= set(block) and 0 <= block["greedy"]["success"] <= 1
-        assert report["eval"]["solver"]["success"] == 1.0
+        games = [report, *(report["other_games"][name] for name in also)]
+        assert set(report.get("other_games", {})) == set(also)
+        for game in games:
+            for block in (game["eval_before"], game["eval"]):
+                assert {"greedy", "temperature_0.5"} <= set(block) and 0 <= block["greedy"]["success"] <= 1
+            assert game["eval"]["solver"]["success"] == 1.0
+        for game_name in [env, *also]:
+            assert f"{game_name} held-out after SFT" in done.stdout
         with initialize_config_dir(config_dir=str(root / "configs"), version_base=None):
             cfg = compose("train", overrides=[f"env={env}", f"model={name}"])
         assert cfg.model.path == str(tmp_path / "out")

@@ -106,6 +106,28 @@ def tile_direction_labels(shape: tuple[int, int], key_cells: list[tuple[int, int
     return labels
 
 
+def probe_columns(demos: list[Demo]) -> dict[str, tuple[int, int]]:
+    """Each game's (start, stop) columns in the vision probe's labels: one column per key cell, games side by side
+    in order of first appearance, so a warm start on several games gives each game's key cells their own head."""
+    columns: dict[str, tuple[int, int]] = {}
+    for demo in demos:
+        name = demo.trajectory.env_name
+        if name not in columns and demo.key_cells:
+            start = max((stop for _, stop in columns.values()), default=0)
+            columns[name] = (start, start + len(demo.key_cells[0]))
+    return columns
+
+
+def probe_labels(
+    shape: tuple[int, int], key_cells: list[tuple[int, int]], columns: tuple[int, int], width: int
+) -> np.ndarray:
+    """`tile_direction_labels` placed in the game's `columns` of a (H·W, width) array; the other games' columns are
+    -100, which cross-entropy ignores."""
+    labels = np.full((shape[0] * shape[1], width), -100, dtype=np.int64)
+    labels[:, columns[0] : columns[1]] = tile_direction_labels(shape, key_cells)
+    return labels
+
+
 def pretrain_vision(
     model: torch.nn.Module,
     processor: Any,
@@ -123,13 +145,19 @@ def pretrain_vision(
     the feature from the player's / box's token into the think text. Returns the loss of every step.
     """
     images = [image for demo in demos for image in demo.trajectory.images]
-    boards = [(shape, cells) for demo in demos for shape, cells in zip(demo.grid_shapes, demo.key_cells, strict=True)]
-    if len(images) != len(boards) or not boards or not boards[0][1]:
+    columns = probe_columns(demos)
+    boards = [
+        (shape, cells, columns[demo.trajectory.env_name])
+        for demo in demos
+        for shape, cells in zip(demo.grid_shapes, demo.key_cells, strict=True)
+    ]
+    if len(images) != len(boards) or not boards or any(not cells for _, cells, _ in boards):
         raise ValueError(
             "Vision pre-training needs one image per turn and a game with key_cells(); set vision_steps=0 for this env."
         )
+    width = max(stop for _, stop in columns.values())
     visual = model.model.visual
-    probe = torch.nn.Linear(visual.merger.mlp[-1].out_features, len(boards[0][1]) * len(RELATIVE_DIRECTIONS))
+    probe = torch.nn.Linear(visual.merger.mlp[-1].out_features, width * len(RELATIVE_DIRECTIONS))
     parameters = list(visual.parameters()) + list(probe.parameters())
     optimizer = torch.optim.AdamW(parameters, lr=recipe.vision_lr, weight_decay=recipe.weight_decay)
     generator, losses = np.random.default_rng(recipe.seed), []
@@ -141,7 +169,7 @@ def pretrain_vision(
             rows = generator.integers(len(images), size=recipe.vision_batch_size)
             processed = processor.image_processor(images=[images[i] for i in rows], return_tensors="pt")
             tokens = visual(processed["pixel_values"], grid_thw=processed["image_grid_thw"]).pooler_output  # (n, D)
-            labels = torch.as_tensor(np.concatenate([tile_direction_labels(*boards[i]) for i in rows]))  # (n, K)
+            labels = torch.as_tensor(np.concatenate([probe_labels(*boards[i], width) for i in rows]))  # (n, width)
             assert tokens.shape[0] == labels.shape[0], "one merged image token per tile"
             logits = probe(tokens).view(-1, len(RELATIVE_DIRECTIONS))
             loss = torch.nn.functional.cross_entropy(logits, labels.view(-1))
@@ -336,22 +364,35 @@ def warm_start(
     make: EnvFactory | None = None,
     env_name: str = "sokoban_visual",
     evaluate_before: bool = False,
+    other_games: dict[str, EnvFactory] | None = None,
 ) -> dict[str, Any]:
     """Train `model` by the recipe on `make`'s demonstrations, save it into `folder` with its `report.json`.
 
     `processor` is the VL processor (tokenizer + image processor) or a text model's tokenizer. A progress bar
     with an ETA covers the vision pre-training and SFT steps (the long part). With `evaluate_before`, the report
     also holds the held-out evaluation of the model before SFT ("eval_before").
+
+    `other_games` ({env name: factory}) warm-starts one model on several games at once: `train_episodes`
+    demonstrations of each, shuffled together into the same `steps`, each game with its own vision-probe columns.
+    The report's "eval"/"eval_before" are `env_name`'s; "other_games" holds the same blocks for each other game.
     """
     started = time.perf_counter()
-    make = make or make_sokoban_visual
+    games = {env_name: make or make_sokoban_visual, **(other_games or {})}
     tokenizer, image_processor = getattr(processor, "tokenizer", processor), getattr(processor, "image_processor", None)
-    before = evaluate_all(model, processor, recipe, make, env_name, scripted=False) if evaluate_before else None
+    before = {
+        name: evaluate_all(model, processor, recipe, game, name, scripted=False) if evaluate_before else None
+        for name, game in games.items()
+    }
     formatter = DialogueFormatter(tokenizer, image_processor)
-    demos = demonstrations(make, formatter, range(recipe.train_episodes), recipe.noise_eps, recipe.seed, env_name)
+    episodes = range(recipe.train_episodes)
+    demos = [
+        demo
+        for name, game in games.items()
+        for demo in demonstrations(game, formatter, episodes, recipe.noise_eps, recipe.seed, name)
+    ]
     demo_seconds = time.perf_counter() - started
     vision_steps = recipe.vision_steps if image_processor is not None else 0
-    bar = tqdm(total=vision_steps + recipe.steps, desc=f"warm start on {env_name} (once)", unit="step")
+    bar = tqdm(total=vision_steps + recipe.steps, desc=f"warm start on {' + '.join(games)} (once)", unit="step")
 
     def on_step(step: int, loss: float) -> None:
         bar.update(1)
@@ -381,9 +422,13 @@ def warm_start(
         "train_loss": _loss_summary(losses),
         "seconds": {"demos": demo_seconds, "vision": vision_seconds, "train": train_seconds},
     }
-    if before is not None:
-        report["eval_before"] = before
-    report["eval"] = evaluate_all(model, processor, recipe, make, env_name)
+    blocks = {}
+    for name, game in games.items():
+        block = {"eval_before": before[name]} if before[name] is not None else {}
+        blocks[name] = block | {"eval": evaluate_all(model, processor, recipe, game, name)}
+    report |= blocks.pop(env_name)
+    if blocks:
+        report["other_games"] = blocks
     report["seconds"]["total"] = time.perf_counter() - started
     (folder / "report.json").write_text(json.dumps(report, indent=2))
     return report
