@@ -13,7 +13,9 @@ from vagen.bootstrap import demos as demo_module
 from vagen.bootstrap.demos import play_demo, sft_batch
 from vagen.bootstrap.tiny import build_tiny_vl, load_tiny_vl
 from vagen.bootstrap.warmstart import (
+    FROZENLAKE_VISUAL,
     SHIPPED_DIR,
+    SOKOBAN_VISUAL,
     WarmStartRecipe,
     build_warm_tiny_vl,
     evaluate_model,
@@ -193,7 +195,7 @@ def test_shipped_tiny_vl_is_the_current_recipe_and_plays_as_its_report_says(tmp_
     """The committed warm tiny_vl is used only while its stamp is today's recipe (else it is rebuilt), and its
     weights replay the report: greedy success on the report's held-out seeds within 3 of 128 episodes (CPU
     float reductions differ with the thread count, which can flip an episode or two)."""
-    folder = build_warm_tiny_vl(cache_dir=tmp_path)  # the default recipe: no 15-minute build
+    folder = build_warm_tiny_vl(cache_dir=tmp_path)  # the default recipe: no 25-minute build
     assert folder.parent == SHIPPED_DIR, "the recipe changed: rebuild (scripts/sft.py with the defaults) and ship it"
     assert not list(tmp_path.glob("warm-*"))
     report = read_report(folder)
@@ -247,3 +249,17 @@ def test_sft_script_end_to_end_writes_a_model_folder_report_and_config(env, mode
         assert sum(p.numel() for p in policy.model.parameters()) > 0
     finally:
         entry.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs"), [("sokoban_visual", SOKOBAN_VISUAL), ("frozenlake_visual", FROZENLAKE_VISUAL)]
+)
+def test_the_tiny_vl_games_are_the_env_configs(name, kwargs):
+    """The shipped tiny_vl is warm-started on exactly what `env=sokoban_visual` / `env=frozenlake_visual` train on."""
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.to_container(
+        OmegaConf.load(Path(__file__).resolve().parent.parent / "configs/env" / f"{name}.yaml")
+    )
+    for key, value in kwargs.items():
+        assert config["kwargs"][key] == (list(value) if isinstance(value, tuple) else value), key

@@ -3,8 +3,8 @@
 An untrained model never writes a well-formed answer, so RL from it has no signal. This module trains a
 model on noisy solver demonstrations (`vagen.bootstrap.demos`) with exactly the context layout the rollout
 uses, evaluates it on held-out seeds before and after, and saves a model folder with a `report.json`.
-The visual default `tiny_vl` is one use of it (`build_warm_tiny_vl`: the tiny Qwen2.5-VL on
-sokoban_visual), cached by recipe and shipped with the package.
+The visual default `tiny_vl` is one use of it (`build_warm_tiny_vl`: the tiny Qwen2.5-VL on sokoban_visual and
+frozenlake_visual), cached by recipe and shipped with the package.
 
 Why the vision tower is pre-trained first (`pretrain_vision`) and then frozen: trained end to end,
 it gets ~100x smaller gradients than the text layers, and the model learns the format but ignores
@@ -43,7 +43,7 @@ from vagen.rollout.validation import episode_metrics
 from vagen.trainer.forward import policy_forward
 
 # Bump when anything below changes what a build produces (think text, masking, evaluation), so caches rebuild.
-WARMSTART_VERSION = 2
+WARMSTART_VERSION = 3  # 3: tiny_vl is warm-started on FrozenLake as well as Sokoban
 SOKOBAN_VISUAL = {
     "observation": "image",
     "dim_room": (6, 6),
@@ -54,10 +54,21 @@ SOKOBAN_VISUAL = {
     "max_actions_per_turn": 3,
     "response_format": "free_think",
 }
+FROZENLAKE_VISUAL = {  # configs/env/frozenlake_visual.yaml
+    "observation": "image",
+    "size": 4,
+    "p_frozen": 0.8,
+    "success_rate": 1.0,
+    "max_steps": 100,
+    "tile_px": 28,
+    "max_turns": 5,
+    "max_actions_per_turn": 3,
+    "response_format": "free_think",
+}
 HELD_OUT_FIRST_SEED = 1_000_000  # training seeds are 0..train_episodes-1: never overlapping
 # Finished builds committed with the package (weights, processor, report.json and the stamp of the recipe that
-# built them), so first contact skips the ~15-minute build; used only while the recipe is unchanged.
-# The tiny_vl recipe's game: configs/env/sokoban_visual.yaml.
+# built them), so first contact skips the ~25-minute build; used only while the recipe is unchanged.
+# The tiny_vl recipe's games: configs/env/sokoban_visual.yaml, then configs/env/frozenlake_visual.yaml.
 SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
 
 
@@ -69,7 +80,7 @@ class WarmStartRecipe:
     base_seed: int = 0  # seed of the untrained base model's weights
     train_episodes: int = 2400  # demonstration episodes (seeds 0..train_episodes-1)
     noise_eps: float = 0.25  # probability that a demo turn plays random actions instead of the solver's
-    steps: int = 240  # optimizer steps
+    steps: int = 480  # optimizer steps (over the demos of every game)
     batch_size: int = 16  # dialogues per step
     lr: float = 3e-3  # peak AdamW learning rate
     warmup_steps: int = 10  # linear warm-up, then cosine decay to lr_floor·lr
@@ -91,6 +102,11 @@ class WarmStartRecipe:
 def make_sokoban_visual(**overrides: Any):
     """The sokoban_visual env of configs/env/sokoban_visual.yaml (6×6, 1 box, 28-px tiles, 5 turns × 3 actions)."""
     return make_env("vagen/Sokoban-v0", **{**SOKOBAN_VISUAL, **overrides})
+
+
+def make_frozenlake_visual(**overrides: Any):
+    """The frozenlake_visual env of configs/env/frozenlake_visual.yaml (random 4×4 maps, not slippery)."""
+    return make_env("vagen/FrozenLake-v0", **{**FROZENLAKE_VISUAL, **overrides})
 
 
 # ---- vision pre-training -----------------------------------------------------------------------
@@ -435,7 +451,8 @@ def warm_start(
 
 
 def build_warm_tiny_vl(cache_dir: str | Path | None = None, recipe: WarmStartRecipe | None = None) -> Path:
-    """Return the folder of the warm-started tiny Qwen2.5-VL (sokoban_visual), training it once (minutes on CPU).
+    """Return the folder of the warm-started tiny Qwen2.5-VL (sokoban_visual and frozenlake_visual), training it once
+    (minutes on CPU).
 
     The folder holds what `load_tiny_vl` reads plus `report.json`. It is rebuilt when the recipe,
     this module's version or the base model (its tokenizer corpus, size, seed) changes.
@@ -448,7 +465,8 @@ def build_warm_tiny_vl(cache_dir: str | Path | None = None, recipe: WarmStartRec
     shipped = SHIPPED_DIR / target.name
     if read_stamp(shipped) == stamp:
         return shipped  # the build of exactly this recipe and base that ships with the package
-    return build_once(target, stamp, lambda folder: warm_start(*load_tiny_vl(base), recipe, folder))
+    games = {"frozenlake_visual": make_frozenlake_visual}
+    return build_once(target, stamp, lambda folder: warm_start(*load_tiny_vl(base), recipe, folder, other_games=games))
 
 
 def load_warm_tiny_vl(cache_dir: str | Path | None = None, recipe: WarmStartRecipe | None = None, **load_kwargs):
