@@ -45,6 +45,7 @@ def other_envs(cfg: DictConfig) -> dict[str, DictConfig]:
 
 
 def env_factory(env_cfg: DictConfig):
+    """A function making the env that `env_cfg` (a configs/env entry) describes."""
     kwargs = OmegaConf.to_container(env_cfg.kwargs, resolve=True)
     return lambda: make_env(env_cfg.id, **kwargs)
 

@@ -78,7 +78,7 @@ class WarmStartRecipe:
 
     size: str = "default"  # tiny model size (`vagen.bootstrap.tiny.TINY_SIZES`)
     base_seed: int = 0  # seed of the untrained base model's weights
-    train_episodes: int = 2400  # demonstration episodes (seeds 0..train_episodes-1)
+    train_episodes: int = 2400  # demonstration episodes per game (seeds 0..train_episodes-1)
     noise_eps: float = 0.25  # probability that a demo turn plays random actions instead of the solver's
     steps: int = 480  # optimizer steps (over the demos of every game)
     batch_size: int = 16  # dialogues per step
