@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from vagen.bootstrap.warmstart import WarmStartRecipe, warm_start
 from vagen.env import make_env
+from vagen.eval.runner import load_env_config
 from vagen.models.processor import load_processor
 from vagen.models.registry import load_policy
 from vagen.trainer.config import check_model_reads_env, check_overrides
@@ -33,13 +34,12 @@ def other_envs(cfg: DictConfig) -> dict[str, DictConfig]:
     """The `also_envs` configs (configs/env/<name>.yaml), each checked against the model like `env`."""
     configs = {}
     for name in cfg.also_envs:
-        path = CONFIG_DIR / "env" / f"{name}.yaml"
-        if not path.exists():
-            names = sorted(p.stem for p in (CONFIG_DIR / "env").glob("*.yaml"))
-            raise ValueError(f"also_envs names {name!r}, which is not an env config; use names of {names}.")
         if name == cfg.env.name or name in configs:
             raise ValueError(f"also_envs names {name!r} twice (with env=...); name each game once.")
-        configs[name] = OmegaConf.load(path)
+        try:
+            configs[name] = OmegaConf.create(load_env_config(name, CONFIG_DIR, overrides={}))
+        except ValueError as error:
+            raise ValueError(f"also_envs: {error}") from None
         check_model_reads_env(OmegaConf.create({"env": configs[name], "model": cfg.model}))
     return configs
 

@@ -20,6 +20,7 @@ from vagen.bootstrap.warmstart import (
     build_warm_tiny_vl,
     evaluate_model,
     held_out_seeds,
+    make_frozenlake_visual,
     make_sokoban_visual,
     pretrain_vision,
     probe_columns,
@@ -29,7 +30,6 @@ from vagen.bootstrap.warmstart import (
     tile_direction_labels,
     train_sft,
 )
-from vagen.env import make_env
 from vagen.env.policies import RELATIVE_DIRECTIONS
 from vagen.models.cache import read_stamp
 from vagen.rollout import DialogueFormatter
@@ -96,9 +96,7 @@ def test_tile_labels_give_the_think_words_at_the_player_and_box_tiles():
 def test_games_warm_started_together_get_their_own_probe_columns(formatter):
     """Sokoban (player, box, target) and FrozenLake (player, goal) side by side: 5 columns, each game's labels in its
     own columns and -100 (ignored by cross-entropy) in the other game's."""
-    lake = demo_module.demonstrations(
-        lambda: make_env("vagen/FrozenLake-v0", observation="image", size=4), formatter, range(2), 0.0, name="lake"
-    )
+    lake = demo_module.demonstrations(make_frozenlake_visual, formatter, range(2), 0.0, name="lake")
     mixed = demonstrations(formatter, range(2), noise_eps=0.0) + lake
     columns = probe_columns(mixed)
     assert columns == {"sokoban_visual": (0, 3), "lake": (3, 5)}

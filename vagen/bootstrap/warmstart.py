@@ -395,10 +395,11 @@ def warm_start(
     started = time.perf_counter()
     games = {env_name: make or make_sokoban_visual, **(other_games or {})}
     tokenizer, image_processor = getattr(processor, "tokenizer", processor), getattr(processor, "image_processor", None)
-    before = {
-        name: evaluate_all(model, processor, recipe, game, name, scripted=False) if evaluate_before else None
-        for name, game in games.items()
-    }
+    before = (
+        {name: evaluate_all(model, processor, recipe, game, name, scripted=False) for name, game in games.items()}
+        if evaluate_before
+        else {}
+    )
     formatter = DialogueFormatter(tokenizer, image_processor)
     episodes = range(recipe.train_episodes)
     demos = [
@@ -440,7 +441,7 @@ def warm_start(
     }
     blocks = {}
     for name, game in games.items():
-        block = {"eval_before": before[name]} if before[name] is not None else {}
+        block = {"eval_before": before[name]} if name in before else {}
         blocks[name] = block | {"eval": evaluate_all(model, processor, recipe, game, name)}
     report |= blocks.pop(env_name)
     if blocks:
