@@ -112,6 +112,61 @@ def test_resume_skips_finished_episodes(tmp_path):
         run(tmp_path, *args, "episodes=4", "temperature=0.9")
 
 
+def test_samples_per_seed_replays_each_seed_with_its_own_samples(tmp_path):
+    report = run(tmp_path, "model=[tiny_vl_test]", "env=[frozenlake_visual]", "episodes=6", "samples_per_seed=3")
+    (row,) = report.rows
+    assert row["episodes"] == 6 and row["seeds"] == 2
+    records = [json.loads(f.read_text()) for f in episode_files(tmp_path)]
+    assert [r["seed"] for r in records] == [EVAL_SEED_BASE] * 3 + [EVAL_SEED_BASE + 1] * 3
+    first_answers = [r["messages"][2]["content"] for r in records[:3]]
+    assert len(set(first_answers)) == 3, "the samples of one seed must not share a sampling stream"
+    assert "samples/seed" in (tmp_path / "summary.md").read_text()
+    for bad, message in [
+        ("samples_per_seed=4", "divide episodes=6"),
+        ("episodes_per_batch=2", "<= episodes_per_batch"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            run(
+                tmp_path / "bad",
+                "model=[tiny_vl_test]",
+                "env=[frozenlake_visual]",
+                "episodes=6",
+                "samples_per_seed=3",
+                bad,
+            )
+
+
+def test_per_seed_summary_tells_sharpening_from_improving():
+    from vagen.eval.summary import summarize_cell
+
+    def records(outcomes_by_seed):
+        return [
+            {
+                "seed": seed,
+                "success": won,
+                "error": None,
+                "reward": float(won),
+                "turns": 1,
+                "format_ok_turns": 1,
+                "invalid_action_turns": 0,
+                "response_tokens": 4,
+                "wall_time_s": 0.1,
+            }
+            for seed, outcomes in enumerate(outcomes_by_seed)
+            for won in outcomes
+        ]
+
+    mixed = summarize_cell("m", "e", records([[True, False]] * 4))  # every seed solved half the time
+    sharp = summarize_cell("m", "e", records([[True, True]] * 2 + [[False, False]] * 2))  # same mean, polarised
+    assert mixed["success"] == sharp["success"] == 0.5 and mixed["seeds"] == sharp["seeds"] == 4
+    assert (mixed["seeds_all_solved"], mixed["seeds_none_solved"], mixed["pass_at_k"]) == (0.0, 0.0, 1.0)
+    assert (sharp["seeds_all_solved"], sharp["seeds_none_solved"], sharp["pass_at_k"]) == (0.5, 0.5, 0.5)
+    # Two samples per seed are not independent: the interval is that of 4 trials (seeds), not of 8 episodes.
+    assert (mixed["success_low"], mixed["success_high"]) == pytest.approx(wilson_interval(2, 4))
+    single = summarize_cell("m", "e", records([[True]] * 3 + [[False]]))
+    assert (single["success_low"], single["success_high"]) == pytest.approx(wilson_interval(3, 4))
+
+
 def test_api_engine_over_real_http(tmp_path):
     actions = ["Left", "Right", "Up", "Down"]
     with LocalChatServer(game_responder(actions, seed=0), delay_s=0.2) as server:

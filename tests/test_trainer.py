@@ -143,6 +143,8 @@ def test_resume_is_exact(tmp_path):
         ([*TEXT, "rollout.engine=api"], "rollout.engine=api cannot train"),
         ([*TEXT, "trainer.lora.enabled=true", "trainer.lora.dropout=0.05"], "Set trainer.lora.dropout=0"),
         ([*TEXT, "algorithm.advantage_min=0.5"], "algorithm.advantage_min=0.5 must be a number <= 0"),
+        ([*TEXT, "trainer.level_pool=1"], "trainer.level_pool=1 must be 0 .* from trainer.groups=2"),
+        ([*TEXT, "trainer.level_pool=-2"], "trainer.level_pool=-2"),
     ],
 )
 def test_incompatible_configs_fail_before_any_model_loads(overrides, message, monkeypatch):
@@ -152,6 +154,21 @@ def test_incompatible_configs_fail_before_any_model_loads(overrides, message, mo
     monkeypatch.setattr(starpo, "load_policy", no_model)
     with pytest.raises(ValueError, match=message):
         StarPOTrainer(config(overrides))
+
+
+def test_level_pool_cycles_through_a_fixed_set_of_levels(monkeypatch):
+    """trainer.level_pool=L: the groups' env seeds run through run_seed·SEED_STRIDE + 0..L−1 and start over."""
+    trainer = StarPOTrainer(config([*TEXT, "seed=3", "trainer.level_pool=3"]))
+    played = []
+    monkeypatch.setattr(trainer, "collect", lambda seeds: played.append(seeds) or [])
+    for _ in range(3):
+        trainer.rollout()
+    first = 3 * starpo.SEED_STRIDE
+    assert played == [[first, first + 1], [first + 2, first], [first + 1, first + 2]]
+    fresh = StarPOTrainer(config([*TEXT, "seed=3"]))
+    monkeypatch.setattr(fresh, "collect", lambda seeds: played.append(seeds) or [])
+    fresh.rollout(), fresh.rollout()
+    assert played[-2:] == [[first, first + 1], [first + 2, first + 3]]
 
 
 def test_incompatible_checkpoint_is_a_clear_error(tmp_path):

@@ -5,7 +5,7 @@ every option). Per cell it plays only the episodes not already on disk (resume),
 `episodes_per_batch`, each batch written as soon as it is done; then the first `gif_episodes`
 episodes become GIFs and the rows become summary.{md,csv,json} and success.png in `out_dir`.
 
-Episode k of every env is `env.reset(seed=EVAL_SEED_BASE + seed_offset + k)`, the seeds of
+Episode k of every env is `env.reset(seed=EVAL_SEED_BASE + seed_offset + k // samples_per_seed)`, the seeds of
 `vagen.rollout.validation` (disjoint from training seeds), shared with the trainer's validation.
 """
 
@@ -192,6 +192,8 @@ def cell_settings(spec: ModelSpec, env_cfg: dict[str, Any], cfg: DictConfig) -> 
             "max_new_tokens": int(cfg.max_new_tokens),
         },
     }
+    if int(cfg.samples_per_seed) > 1:  # which seed episode k plays (absent at 1, so older results still resume)
+        settings["samples_per_seed"] = int(cfg.samples_per_seed)
     if spec.kind == "local":
         settings["engine"] = cfg.engine.name
         settings["max_context_tokens"] = int(cfg.max_context_tokens)
@@ -237,7 +239,7 @@ def run_cell(
         logger.warning("%s on %s %s", spec.label, env_cfg["name"], note)
         return summarize_cell(spec.label, env_cfg["name"], [], note=note)
     store.check_settings(cell_settings(spec, env_cfg, cfg))
-    seeds = eval_seeds(int(cfg.episodes), int(cfg.seed_offset))
+    seeds = episode_seeds(cfg)
     pending = [(k, s) for k, s in enumerate(seeds) if not store.is_finished(k, s, bool(cfg.retry_failed))]
     if pending:
         logger.info("%s on %s: %d of %d episodes to play", spec.label, env_cfg["name"], len(pending), len(seeds))
@@ -269,6 +271,24 @@ class _LazyAgent:
         return self._agent
 
 
+def episode_seeds(cfg: DictConfig) -> list[int]:
+    """The env seed of each episode: the evaluation seeds in order, each `samples_per_seed` times in a row."""
+    samples = int(cfg.samples_per_seed)
+    if samples < 1 or int(cfg.episodes) % samples:
+        raise ValueError(
+            f"samples_per_seed={samples} must be >= 1 and divide episodes={cfg.episodes} (episodes = seeds x samples"
+            f"), e.g. episodes={max(samples, 1) * 128} samples_per_seed={samples} for 128 seeds."
+        )
+    if samples > int(cfg.episodes_per_batch):
+        # A local engine keys each episode's sampling stream by (position in its batch, seed): two samples of a seed
+        # a whole batch apart would draw the same text.
+        raise ValueError(
+            f"samples_per_seed={samples} must be <= episodes_per_batch={cfg.episodes_per_batch}: raise "
+            "episodes_per_batch, so that the samples of one seed never share a sampling stream."
+        )
+    return [seed for seed in eval_seeds(int(cfg.episodes) // samples, int(cfg.seed_offset)) for _ in range(samples)]
+
+
 def _check_config(cfg: DictConfig) -> None:
     if int(cfg.episodes_per_batch) < 1 or int(cfg.gif_episodes) < 0:
         raise ValueError("episodes_per_batch must be >= 1 and gif_episodes >= 0.")
@@ -285,7 +305,7 @@ def evaluate(cfg: DictConfig, config_dir: Path) -> EvalReport:
     env_cfgs = [load_env_config(str(name), config_dir, env_overrides) for name in envs]
     model_overrides = OmegaConf.to_container(cfg.model_overrides, resolve=True)
     specs = resolve_models(cfg.models, cfg.engine, config_dir, model_overrides)
-    eval_seeds(int(cfg.episodes), int(cfg.seed_offset))  # validates both before anything loads
+    episode_seeds(cfg)  # validates episodes, seed_offset and samples_per_seed before anything loads
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)

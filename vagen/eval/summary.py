@@ -4,7 +4,12 @@ Definitions (per cell; episodes whose play failed, e.g. an API error, are counte
 out of every rate, because they say nothing about the model):
 
 - success: fraction of episodes solved, with a 95% Wilson score interval (well-behaved at 0% and 100%
-  and for small n, unlike the normal approximation).
+  and for small n, unlike the normal approximation). When seeds are played several times
+  (`samples_per_seed`), the interval counts seeds, not episodes: samples of one level are not independent
+  draws, and treating them as such would narrow the interval by up to sqrt(k). Counting seeds is conservative.
+- seeds_all_solved / seeds_none_solved / pass_at_k: fractions of seeds solved in every one of their samples,
+  in none, and in at least one. With k samples per seed they tell sharpening from improving: RL that only
+  sharpens turns seeds solved sometimes into seeds solved always or never, at the same mean success.
 - reward / turns: mean episode return / mean answered turns.
 - format_ok: well-formed answers over all answered turns (pooled over episodes).
 - invalid_action: answers that were well-formed but named an action the game refused, over well-formed answers.
@@ -33,6 +38,10 @@ COLUMNS = (
     "success",
     "success_low",
     "success_high",
+    "seeds",
+    "seeds_all_solved",
+    "seeds_none_solved",
+    "pass_at_k",
     "reward",
     "turns",
     "format_ok",
@@ -52,7 +61,11 @@ def summarize_cell(model: str, env: str, records: Sequence[dict[str, Any]], note
     """One summary row from the episode records of one (model, env)."""
     played = [r for r in records if r["error"] is None]
     n, wins = len(played), sum(bool(r["success"]) for r in played)
-    low, high = wilson_interval(wins, n)
+    by_seed: dict[int, list[bool]] = {}
+    for record in played:
+        by_seed.setdefault(record["seed"], []).append(bool(record["success"]))
+    seeds = len(by_seed)
+    low, high = wilson_interval(wins * seeds / n if n else 0, seeds)  # = (wins, n) with one sample per seed
     turns = sum(r["turns"] for r in played)
     well_formed = sum(r["format_ok_turns"] for r in played)
     tokens = [r["response_tokens"] for r in played if r["response_tokens"] is not None]
@@ -65,6 +78,10 @@ def summarize_cell(model: str, env: str, records: Sequence[dict[str, Any]], note
         "success": _ratio(wins, n),
         "success_low": low,
         "success_high": high,
+        "seeds": seeds,
+        "seeds_all_solved": _ratio(sum(all(s) for s in by_seed.values()), seeds),
+        "seeds_none_solved": _ratio(sum(not any(s) for s in by_seed.values()), seeds),
+        "pass_at_k": _ratio(sum(any(s) for s in by_seed.values()), seeds),
         "reward": _ratio(sum(r["reward"] for r in played), n),
         "turns": _ratio(turns, n),
         "format_ok": _ratio(well_formed, turns),
@@ -111,6 +128,15 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
             str(row["errors"]) + (f" ({row['note']})" if row["note"] else ""),
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    repeated = [row for row in rows if row["episodes"] > row["seeds"]]
+    if repeated:  # several samples per seed: how the successes spread over the seeds
+        lines += ["", "| model | env | seeds | samples/seed | solved always | never | sometimes | pass@k |"]
+        lines.append("|" + "---|" * 8)
+        for row in repeated:
+            sometimes = 1.0 - row["seeds_all_solved"] - row["seeds_none_solved"]
+            shares = [row["seeds_all_solved"], row["seeds_none_solved"], sometimes, row["pass_at_k"]]
+            cells = [row["model"], row["env"], str(row["seeds"]), f"{row['episodes'] / row['seeds']:g}"]
+            lines.append("| " + " | ".join(cells + [_fmt(v, percent=True) for v in shares]) + " |")
     models = list(dict.fromkeys(row["model"] for row in rows))
     envs = list(dict.fromkeys(row["env"] for row in rows))
     by_cell = {(row["model"], row["env"]): row for row in rows}

@@ -33,8 +33,10 @@ def eval_seeds(episodes: int, offset: int = 0) -> list[int]:
     return [EVAL_SEED_BASE + offset + k for k in range(episodes)]
 
 
-def wilson_interval(successes: int, trials: int, z: float = Z_95) -> tuple[float, float]:
-    """The Wilson score interval for a binomial proportion; (nan, nan) when there are no trials."""
+def wilson_interval(successes: float, trials: int, z: float = Z_95) -> tuple[float, float]:
+    """The Wilson score interval for a binomial proportion; (nan, nan) when there are no trials.
+
+    successes may be fractional: the success rate of several samples per trial, times the trials."""
     if trials == 0:
         return math.nan, math.nan
     p = successes / trials

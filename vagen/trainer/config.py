@@ -15,6 +15,7 @@ from vagen.env import make_env
 from vagen.filtering import EMPTY_POLICIES, FILTER_STRATEGIES, SPREAD_STATS
 from vagen.logging.sinks import WANDB_MODES
 from vagen.rollout.context import DialogueFormatter
+from vagen.trainer.loop import SEED_STRIDE
 
 CRITIC_ESTIMATORS = ("gae", "bilevel_gae")
 GROUP_ESTIMATORS = ("grpo", "grpo_turn", "drgrpo", "rloo")
@@ -57,6 +58,12 @@ def _check_numbers(cfg: Any) -> None:
     for key in ("rollout.temperature", "trainer.eval_temperature", "trainer.eval_every"):
         if not OmegaConf.select(cfg, key) >= 0:
             raise ValueError(f"{key}={OmegaConf.select(cfg, key)} must be >= 0 (0 = greedy / no validation).")
+    pool = trainer.level_pool
+    if not isinstance(pool, int) or isinstance(pool, bool) or not (pool == 0 or trainer.groups <= pool <= SEED_STRIDE):
+        raise ValueError(
+            f"trainer.level_pool={pool!r} must be 0 (new levels every iteration) or a whole number from "
+            f"trainer.groups={trainer.groups} (so one batch never plays a level twice) to {SEED_STRIDE}."
+        )
     if not 0 < rollout.top_p <= 1:
         raise ValueError(f"rollout.top_p={rollout.top_p} must be in (0, 1] (1 = no nucleus truncation).")
     _choice(cfg.device, list(DEVICES), "device")

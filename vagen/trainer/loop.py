@@ -63,6 +63,16 @@ def group_returns(trajectories: list[Trajectory], groups: int, group_size: int) 
     return rewards
 
 
+def training_seeds(run_seed: int, cursor: int, groups: int, level_pool: int) -> list[int]:
+    """The env seeds of the next `groups` groups: new levels from `cursor` on, or with `level_pool` = L > 0 the
+    next ones of the L levels run_seed·SEED_STRIDE + 0..L−1, cycled (a fixed training set, e.g. to check that the
+    update can fit the levels it trains on before asking it to generalise)."""
+    if level_pool == 0:
+        return list(range(cursor, cursor + groups))
+    first = run_seed * SEED_STRIDE
+    return [first + (cursor - first + k) % level_pool for k in range(groups)]
+
+
 class IterationLoop:
     """The loop state and the iteration; subclasses say where rollouts, updates and checkpoints happen."""
 
@@ -120,9 +130,9 @@ class IterationLoop:
         )
 
     def rollout(self) -> list[Trajectory]:
-        """P groups × N rollouts from the next P env seeds."""
+        """P groups × N rollouts from the next P env seeds (of the level pool, when `trainer.level_pool` > 0)."""
         groups = self.cfg.trainer.groups
-        seeds = list(range(self.seed_cursor, self.seed_cursor + groups))
+        seeds = training_seeds(self.cfg.seed, self.seed_cursor, groups, self.cfg.trainer.level_pool)
         self.seed_cursor += groups
         return self.collect(seeds)
 
