@@ -235,6 +235,10 @@ def test_run_folder_and_checkpoint_are_models(tmp_path):
         policy.model.state_dict().items(), loaded.model.state_dict().values(), strict=True
     ):
         assert torch.equal(expected, actual), name
+    # A training still running in the folder rotates checkpoints out between resolving and loading.
+    (run_dir / "checkpoints" / "iter_000007" / "modules" / "policy.safetensors").unlink()
+    with pytest.raises(ValueError, match="iter_000007 is gone: a training still running"):
+        load_local_policy(from_run, "cpu")
 
 
 def test_vllm_engine_evaluates_for_real(tmp_path, monkeypatch):

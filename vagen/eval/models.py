@@ -142,6 +142,12 @@ def load_local_policy(spec: ModelSpec, device: str) -> Any:
 
     config = spec.model_config
     assert config is not None, "local specs carry a model config"
+    weights = None if spec.checkpoint is None else Path(spec.checkpoint) / "modules" / "policy.safetensors"
+    if weights is not None and not weights.exists():  # it was there when the models were resolved
+        raise ValueError(
+            f"Checkpoint {spec.checkpoint} is gone: a training still running in that folder keeps only its last "
+            "trainer.keep_checkpoints checkpoints. Evaluate a copy of the checkpoint folder, or the finished run."
+        )
     policy = load_policy(
         config["name"],
         config["source"],
@@ -154,7 +160,7 @@ def load_local_policy(spec: ModelSpec, device: str) -> Any:
     if spec.checkpoint is not None:
         if spec.lora is not None:
             add_lora(policy.model, **lora_kwargs(spec.lora))
-        load_model(policy.model, str(Path(spec.checkpoint) / "modules" / "policy.safetensors"), strict=True)
+        load_model(policy.model, str(weights), strict=True)
     policy.model.eval()
     return policy
 
