@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from vagen.engines.local_server import LocalChatServer, game_responder, message_images
-from vagen.eval import EVAL_SEED_BASE, eval_seeds, evaluate, rename_overrides, wilson_interval
+from vagen.eval import EVAL_SEED_BASE, eval_seeds, evaluate, paired_change, rename_overrides, wilson_interval
 from vagen.trainer.starpo import SEED_STRIDE
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -165,6 +165,17 @@ def test_per_seed_summary_tells_sharpening_from_improving():
     assert (mixed["success_low"], mixed["success_high"]) == pytest.approx(wilson_interval(2, 4))
     single = summarize_cell("m", "e", records([[True]] * 3 + [[False]]))
     assert (single["success_low"], single["success_high"]) == pytest.approx(wilson_interval(3, 4))
+
+
+def test_paired_change_is_the_mean_per_level_difference_with_its_interval():
+    before = {1: 0.0, 2: 0.5, 3: 1.0, 4: 0.5}
+    after = {1: 0.5, 2: 0.5, 3: 1.0, 4: 1.0, 5: 1.0}  # seed 5 has no "before": left out
+    mean, low, high, seeds = paired_change(before, after)
+    half_width = 1.959964 * math.sqrt(0.25 / 3) / 2  # differences 0.5, 0, 0, 0.5: sample variance 0.25/3
+    assert seeds == 4 and mean == pytest.approx(0.25)
+    assert (low, high) == (pytest.approx(0.25 - half_width), pytest.approx(0.25 + half_width))
+    with pytest.raises(ValueError, match="at least 2 seeds played by both"):
+        paired_change({1: 0.0}, {1: 1.0, 2: 1.0})
 
 
 def test_api_engine_over_real_http(tmp_path):

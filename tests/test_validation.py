@@ -3,7 +3,8 @@
 import json
 
 import pytest
-from test_trainer import TEXT, config
+from omegaconf import OmegaConf
+from test_trainer import TEXT, VISUAL, config
 
 from vagen.rollout.validation import EVAL_SEED_BASE, eval_seeds, wilson_interval
 from vagen.trainer.run import train
@@ -55,9 +56,8 @@ def test_run_validates_at_start_every_k_and_end_and_prints_the_held_out_line(tmp
     assert f"held-out success {first:.1%} -> {records[-1]['val/success']:.1%} (6 episodes)" in out.out + out.err
 
 
-def test_bench_learning_trains_with_the_default_configs():
-    """bench_learning's runs differ from `scripts/train.py env=sokoban_visual algorithm=X` only in what a benchmark
-    must set (validation size, run folder, logging): its numbers are the defaults' numbers."""
+def bench_learning():
+    """scripts/bench_learning.py as a module."""
     import importlib.util
     from pathlib import Path
 
@@ -65,6 +65,15 @@ def test_bench_learning_trains_with_the_default_configs():
     spec = importlib.util.spec_from_file_location("bench_learning", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_learning_trains_with_the_default_configs():
+    """bench_learning's runs differ from `scripts/train.py env=sokoban_visual algorithm=X` only in what a benchmark
+    must set (validation size, run folder, logging): its numbers are the defaults' numbers."""
+    from pathlib import Path
+
+    bench = bench_learning()
     for algorithm in ("grpo", "starpo_s"):
         overrides = bench.training_overrides(algorithm, 1, Path("/tmp/x"), 256, [])
         assert {o.split("=")[0] for o in overrides} - {"algorithm", "seed"} == set(bench.BENCH_ONLY_OVERRIDES)
@@ -73,3 +82,47 @@ def test_bench_learning_trains_with_the_default_configs():
             assert default[section] == benched[section], section
         differing = {key for key in default.trainer if default.trainer[key] != benched.trainer[key]}
         assert differing == {"eval_episodes", "resume"}
+
+
+def test_bench_learning_pairs_each_run_with_the_warm_start_by_level(tmp_path):
+    """The paired re-measurement plays the warm start and each run's last checkpoint k times per held-out seed, with
+    the runs' env and rollout settings, and its table is the per-level difference of those episodes."""
+    from vagen.eval import outcomes_by_seed, paired_change
+
+    bench = bench_learning()
+    runs = {}
+    for seed in (0, 1):
+        cfg = config([*VISUAL, "trainer.iterations=1", "trainer.lr=1e-2", f"seed={seed}"])
+        cfg.run_dir = str(tmp_path / f"grpo-seed{seed}")
+        runs[("grpo", seed)] = train(cfg)
+    out = tmp_path / "paired"
+    (out / "stale").mkdir(parents=True)  # a previous bench's folder: its episodes are not these runs'
+    table = bench.paired_summary(runs, samples=2, seeds=3, out_dir=out)
+
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [
+        "grpo-seed0@iter1",
+        "grpo-seed1@iter1",
+        "tiny_vl_test",
+    ]
+    rates = {}
+    for label in ("tiny_vl_test", "grpo-seed0@iter1", "grpo-seed1@iter1"):
+        episodes = sorted((out / label / "sokoban_visual" / "episodes").glob("*.json"))
+        records = [json.loads(path.read_text()) for path in episodes]
+        assert [r["seed"] for r in records] == [EVAL_SEED_BASE + k for k in range(3) for _ in range(2)]
+        assert all(1 <= r["turns"] <= 2 for r in records)  # the runs' env.kwargs.max_turns=2
+        assert all(r["response_tokens"] <= 12 * r["turns"] for r in records)  # their rollout.max_new_tokens=12
+        rates[label] = {seed: sum(wins) / len(wins) for seed, wins in outcomes_by_seed(records).items()}
+    base = rates["tiny_vl_test"]
+    for seed in (0, 1):
+        after = rates[f"grpo-seed{seed}@iter1"]
+        mean, low, high, _ = paired_change(base, after)
+        assert f"| grpo | {seed} | {sum(after.values()) / 3:.1%} | {bench.interval(mean, low, high)} |" in table
+    mean_after = {s: (rates["grpo-seed0@iter1"][s] + rates["grpo-seed1@iter1"][s]) / 2 for s in base}
+    assert f"| grpo | 2 | {bench.interval(*paired_change(base, mean_after)[:3])} |" in table
+
+    other_env = {("grpo", 0): runs[("grpo", 0)], ("grpo", 2): tmp_path / "other"}
+    (tmp_path / "other").mkdir()
+    cfg = config([*VISUAL, "env.kwargs.max_turns=3"])
+    (tmp_path / "other" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    with pytest.raises(ValueError, match="trained another env or model than the other runs"):
+        bench.paired_config(other_env, 2, 3, out)

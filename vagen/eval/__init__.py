@@ -5,7 +5,14 @@ from vagen.eval.episodes import EpisodeResult, TurnResult, episode_record
 from vagen.eval.models import ModelSpec, resolve_models
 from vagen.eval.runner import EvalReport, evaluate, rename_overrides
 from vagen.eval.storage import CellStore
-from vagen.eval.summary import markdown_table, plot_success, summarize_cell, write_summary
+from vagen.eval.summary import (
+    markdown_table,
+    outcomes_by_seed,
+    paired_change,
+    plot_success,
+    summarize_cell,
+    write_summary,
+)
 from vagen.rollout.validation import EVAL_SEED_BASE, eval_seeds, wilson_interval
 
 __all__ = [
@@ -21,6 +28,8 @@ __all__ = [
     "eval_seeds",
     "evaluate",
     "markdown_table",
+    "outcomes_by_seed",
+    "paired_change",
     "play_chat_episodes",
     "plot_success",
     "policy_responder",

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from vagen.eval.storage import atomic_write_text
-from vagen.rollout.validation import wilson_interval
+from vagen.rollout.validation import Z_95, wilson_interval
 
 COLUMNS = (
     "model",
@@ -57,13 +57,39 @@ def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else math.nan
 
 
+def outcomes_by_seed(records: Sequence[dict[str, Any]]) -> dict[int, list[bool]]:
+    """Each env seed's successes, in episode order, over the records that played (no error)."""
+    by_seed: dict[int, list[bool]] = {}
+    for record in records:
+        if record["error"] is None:
+            by_seed.setdefault(record["seed"], []).append(bool(record["success"]))
+    return by_seed
+
+
+def paired_change(
+    before: dict[int, float], after: dict[int, float], z: float = Z_95
+) -> tuple[float, float, float, int]:
+    """Mean over the seeds both sides played of (after − before success rate per seed), its 95% interval over those
+    seeds (normal approximation), and their count.
+
+    Pairing by level removes the between-level variance that two separate intervals each carry, so a change two
+    overlapping Wilson intervals cannot show can be shown here; each side's sampling noise stays in the differences.
+    Two runs compared with one shared `before` share its noise too: compare them through their mean `after`."""
+    seeds = sorted(before.keys() & after.keys())
+    if len(seeds) < 2:
+        raise ValueError(f"a paired change needs at least 2 seeds played by both sides, got {len(seeds)}.")
+    differences = [after[seed] - before[seed] for seed in seeds]
+    mean = sum(differences) / len(seeds)
+    variance = sum((d - mean) ** 2 for d in differences) / (len(seeds) - 1)
+    half_width = z * math.sqrt(variance / len(seeds))
+    return mean, mean - half_width, mean + half_width, len(seeds)
+
+
 def summarize_cell(model: str, env: str, records: Sequence[dict[str, Any]], note: str = "") -> dict[str, Any]:
     """One summary row from the episode records of one (model, env)."""
     played = [r for r in records if r["error"] is None]
     n, wins = len(played), sum(bool(r["success"]) for r in played)
-    by_seed: dict[int, list[bool]] = {}
-    for record in played:
-        by_seed.setdefault(record["seed"], []).append(bool(record["success"]))
+    by_seed = outcomes_by_seed(played)
     seeds = len(by_seed)
     low, high = wilson_interval(wins * seeds / n if n else 0, seeds)  # = (wins, n) with one sample per seed
     turns = sum(r["turns"] for r in played)
