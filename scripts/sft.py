@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from vagen.bootstrap.warmstart import WarmStartRecipe, warm_start
 from vagen.env import make_env
 from vagen.eval.runner import load_env_config
+from vagen.models.lora import add_lora, lora_kwargs, save_adapter
 from vagen.models.processor import load_processor
 from vagen.models.registry import load_policy
 from vagen.trainer.config import check_model_reads_env, check_overrides
@@ -50,14 +51,37 @@ def env_factory(env_cfg: DictConfig):
     return lambda: make_env(env_cfg.id, **kwargs)
 
 
+def check_lora(cfg: DictConfig) -> None:
+    """LoRA SFT trains adapters only: the full-weight vision pre-training cannot go into an adapter."""
+    if not cfg.lora.enabled:
+        return
+    if cfg.model.modality == "vision" and cfg.sft.vision_steps > 0:
+        raise ValueError(
+            f"lora.enabled=true trains adapters only, but sft.vision_steps={cfg.sft.vision_steps} pre-trains the whole "
+            "vision tower, which an adapter cannot hold. Fix: sft.vision_steps=0, or lora.enabled=false."
+        )
+    try:
+        import peft  # noqa: F401
+    except ImportError as error:
+        raise ValueError("lora.enabled=true needs peft: pip install peft.") from error
+
+
+def adapter_saver(cfg: DictConfig):
+    """`warm_start`'s save for a LoRA warm start: the adapter alone, with the base model config it adapts."""
+    base = {key: cfg.model[key] for key in ("source", "path", "size", "modality")}
+    lora = OmegaConf.to_container(cfg.lora)
+    return lambda model, folder: save_adapter(model, folder, lora, base)
+
+
 def model_config(cfg: DictConfig, folder: Path) -> str:
-    """A configs/model entry that loads the SFT result (source=pretrained, path=the folder)."""
+    """A configs/model entry that loads the SFT result (source=pretrained, path=the folder; source=lora_adapter
+    for an adapter, folded into its base on first load)."""
     games = " + ".join([cfg.env.name, *cfg.also_envs])
     return "\n".join(
         [
             f"# Written by scripts/sft.py: {cfg.model.name} warm-started on {games} demonstrations.",
             f"name: {cfg.sft.config_name}",
-            "source: pretrained",
+            f"source: {'lora_adapter' if cfg.lora.enabled else 'pretrained'}",
             f"path: {folder}",
             "size: null",
             f"modality: {cfg.model.modality}",
@@ -72,6 +96,7 @@ def main(cfg: DictConfig) -> None:
     try:
         recipe = recipe_of(cfg)
         check_model_reads_env(cfg)
+        check_lora(cfg)
         others = other_envs(cfg)
         folder = Path(cfg.out).resolve()
         if (folder / "report.json").exists():
@@ -83,6 +108,8 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     processor = load_processor(policy.folder) if policy.image_processor is not None else policy.tokenizer
     folder.mkdir(parents=True, exist_ok=True)
+    if cfg.lora.enabled:
+        add_lora(policy.model, **lora_kwargs(cfg.lora))
     report = warm_start(
         policy.model,
         processor,
@@ -92,6 +119,7 @@ def main(cfg: DictConfig) -> None:
         env_name=cfg.env.name,
         evaluate_before=True,
         other_games={name: env_factory(env_cfg) for name, env_cfg in others.items()},
+        save=adapter_saver(cfg) if cfg.lora.enabled else None,
     )
     temperature = f"temperature_{recipe.eval_temperature:g}"
     for name, game in {cfg.env.name: report, **report.get("other_games", {})}.items():

@@ -45,3 +45,66 @@ def test_bad_names_list_the_valid_ones():
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
     with pytest.raises(ValueError, match="dtype"):
         resolve_dtype("fp8", torch.device("cpu"))
+
+
+def tiny_base(modality: str) -> dict:
+    """A base model config for an adapter: a tiny test model's folder (built in the usual cache, before a test
+    points the cache elsewhere)."""
+    folder = build_tiny_text_lm(size="test") if modality == "text" else build_tiny_vl(size="test")
+    return {"source": "pretrained", "path": str(folder), "size": None, "modality": modality}
+
+
+@pytest.mark.parametrize("modality", ["text", "vision"])
+def test_a_saved_lora_adapter_loads_as_the_adapted_model(modality, tmp_path, monkeypatch):
+    """An adapter saved alone (adapter.safetensors + adapter.json) and loaded through source=lora_adapter computes
+    what the peft-adapted model computed: folding W + (alpha/r)·B@A agrees with peft's x·Aᵀ·Bᵀ·(alpha/r)."""
+    from vagen.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, add_lora, save_adapter
+
+    base = tiny_base(modality)
+    monkeypatch.setenv("VAGEN_CACHE", str(tmp_path / "cache"))  # the folded model is built here
+    adapted = load_policy("base", "pretrained", modality, path=base["path"], dtype="float32")
+    add_lora(adapted.model, r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"])
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in adapted.model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)  # peft starts B at 0: a trained adapter has moved it
+    save_adapter(adapted.model, tmp_path / "adapter", {"r": 4, "alpha": 8}, base)
+    assert sorted(p.name for p in (tmp_path / "adapter").iterdir()) == [ADAPTER_CONFIG, ADAPTER_WEIGHTS]
+
+    loaded = load_policy("warm", "lora_adapter", modality, path=str(tmp_path / "adapter"), dtype="float32")
+    plain = load_policy("base", "pretrained", modality, path=base["path"], dtype="float32")
+    ids = torch.tensor([[5, 17, 42, 99, 7, 3]])
+    with torch.no_grad():
+        expected = adapted.model(input_ids=ids).logits
+        assert torch.allclose(loaded.model(input_ids=ids).logits, expected, atol=1e-5)
+        assert not torch.allclose(plain.model(input_ids=ids).logits, expected, atol=1e-3)
+    changed = {
+        name for name, p in loaded.model.state_dict().items() if not torch.equal(p, plain.model.state_dict()[name])
+    }
+    assert changed and all(name.split(".")[-2] in ("q_proj", "v_proj", "down_proj") for name in changed)
+    assert loaded.tokenizer.chat_template == plain.tokenizer.chat_template
+
+
+def test_a_damaged_or_retrained_adapter_is_never_read_stale(tmp_path, monkeypatch):
+    from vagen.models.lora import ADAPTER_CONFIG, add_lora, save_adapter
+
+    base = tiny_base("text")
+    monkeypatch.setenv("VAGEN_CACHE", str(tmp_path / "cache"))
+    policy = load_policy("base", "pretrained", "text", path=base["path"], dtype="float32")
+    add_lora(policy.model, r=2, alpha=2, dropout=0.0, target_modules=["q_proj"])
+    folder = tmp_path / "adapter"
+    save_adapter(policy.model, folder, {"r": 2, "alpha": 2}, base)
+    first = load_policy("warm", "lora_adapter", "text", path=str(folder)).model.state_dict()
+    with torch.no_grad():
+        for name, parameter in policy.model.named_parameters():
+            if "lora_B" in name:
+                parameter.fill_(0.1)
+    save_adapter(policy.model, folder, {"r": 2, "alpha": 2}, base)  # re-trained into the same folder
+    second = load_policy("warm", "lora_adapter", "text", path=str(folder)).model.state_dict()
+    assert any(not torch.equal(first[name], second[name]) for name in first)
+    (folder / ADAPTER_CONFIG).write_text("{not json")
+    with pytest.raises(ValueError, match=r"cannot read adapter\.json.*scripts/sft\.py lora\.enabled=true"):
+        load_policy("warm", "lora_adapter", "text", path=str(folder))
+    with pytest.raises(ValueError, match=r"needs model\.path"):
+        load_policy("warm", "lora_adapter", "text")

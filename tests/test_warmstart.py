@@ -205,13 +205,18 @@ def test_shipped_tiny_vl_is_the_current_recipe_and_plays_as_its_report_says(tmp_
 
 
 @pytest.mark.parametrize(
-    ("env", "model", "also"),
-    [("sokoban_visual", "tiny_vl_test", ["frozenlake_visual"]), ("frozenlake_text", "tiny_text_test", [])],
-    ids=["vl-two-games", "text"],
+    ("env", "model", "also", "lora"),
+    [
+        ("sokoban_visual", "tiny_vl_test", ["frozenlake_visual"], False),
+        ("frozenlake_text", "tiny_text_test", [], False),
+        ("frozenlake_text", "tiny_text_test", [], True),
+    ],
+    ids=["vl-two-games", "text", "text-lora"],
 )
-def test_sft_script_end_to_end_writes_a_model_folder_report_and_config(env, model, also, tmp_path, monkeypatch):
+def test_sft_script_end_to_end_writes_a_model_folder_report_and_config(env, model, also, lora, tmp_path, monkeypatch):
     """scripts/sft.py on the tiny test models: a loadable model folder, a report with held-out success before
-    and after SFT (for every game of `also_envs` too), and a model config that the trainer's loader reads."""
+    and after SFT (for every game of `also_envs` too), and a model config that the trainer's loader reads.
+    With lora.enabled the folder holds the adapter alone, and the config loads base + adapter."""
     import subprocess
     import sys
 
@@ -226,6 +231,7 @@ def test_sft_script_end_to_end_writes_a_model_folder_report_and_config(env, mode
     quick += ["sft.vision_steps=2", "sft.vision_batch_size=4", "sft.eval_episodes=2", "sft.max_new_tokens=16"]
     command = [sys.executable, str(root / "scripts" / "sft.py"), f"env={env}", f"model={model}", *quick]
     command += [f"out={tmp_path / 'out'}", f"sft.config_name={name}", f"also_envs=[{','.join(also)}]"]
+    command += ["lora.enabled=true", "lora.r=4"] if lora else []
     try:
         done = subprocess.run(command, capture_output=True, text=True, cwd=root, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
@@ -245,6 +251,13 @@ def test_sft_script_end_to_end_writes_a_model_folder_report_and_config(env, mode
         assert cfg.model.path == str(tmp_path / "out")
         policy = load_policy(cfg.model.name, cfg.model.source, cfg.model.modality, path=cfg.model.path)
         assert sum(p.numel() for p in policy.model.parameters()) > 0
+        saved = {path.name for path in (tmp_path / "out").iterdir()}
+        assert ("adapter.safetensors" in saved) == lora and ("model.safetensors" in saved) == (not lora)
+        if lora:  # SFT moved the adapted projections only; the folded model is base + adapter
+            assert cfg.model.source == "lora_adapter"
+            base = load_policy(model, "tiny_text", "text", size="test").model.state_dict()
+            changed = {key for key, value in policy.model.state_dict().items() if not torch.equal(value, base[key])}
+            assert changed and all(key.split(".")[-2].endswith("_proj") for key in changed)
     finally:
         entry.unlink(missing_ok=True)
 
@@ -261,3 +274,17 @@ def test_the_tiny_vl_games_are_the_env_configs(name, kwargs):
     )
     for key, value in kwargs.items():
         assert config["kwargs"][key] == (list(value) if isinstance(value, tuple) else value), key
+
+
+def test_sft_script_refuses_lora_with_vision_pretraining_before_loading_a_model(tmp_path):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    command = [sys.executable, str(root / "scripts" / "sft.py"), "model=tiny_vl_test", "lora.enabled=true"]
+    done = subprocess.run([*command, f"out={tmp_path}/out"], capture_output=True, text=True, cwd=root, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert (
+        "sft.vision_steps=400 pre-trains the whole vision tower" in done.stderr and "sft.vision_steps=0" in done.stderr
+    )
+    assert {path.name for path in (tmp_path / "out").iterdir()} <= {"sft.log"}  # only Hydra's log

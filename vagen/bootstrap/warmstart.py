@@ -227,8 +227,9 @@ def sft_parameter_groups(model: torch.nn.Module, recipe: WarmStartRecipe) -> lis
     After `pretrain_vision` the image tokens already carry the directions; a frozen vision tower
     keeps them while the text model learns to read them (and skips the vision backward pass).
     """
-    vision = [p for name, p in model.named_parameters() if name.startswith("model.visual.")]
-    text = [p for name, p in model.named_parameters() if not name.startswith("model.visual.")]
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]  # only adapters under LoRA
+    vision = [p for name, p in trainable if name.startswith("model.visual.")]
+    text = [p for name, p in trainable if not name.startswith("model.visual.")]
     groups = [{"params": text, "lr": recipe.lr}]
     if recipe.vision_lr_scale > 0:
         groups.append({"params": vision, "lr": recipe.lr * recipe.vision_lr_scale})
@@ -254,6 +255,7 @@ def train_sft(
     if not demos:
         raise ValueError("No demonstrations to train on; raise train_episodes.")
     generator = np.random.default_rng(recipe.seed)
+    was_trainable = [p.requires_grad for p in model.parameters()]  # before sft_parameter_groups freezes the vision
     optimizer = torch.optim.AdamW(sft_parameter_groups(model, recipe), lr=recipe.lr, weight_decay=recipe.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, recipe.steps, recipe.warmup_steps, recipe.lr_floor)
@@ -280,8 +282,8 @@ def train_sft(
             losses.append(float(loss.detach()))
             if on_step is not None:
                 on_step(len(losses), losses[-1])
-    for parameter in model.parameters():
-        parameter.requires_grad_(True)  # a frozen vision tower is frozen for this SFT only
+    for parameter, trainable in zip(model.parameters(), was_trainable, strict=True):
+        parameter.requires_grad_(trainable)  # a frozen vision tower is frozen for this SFT only
     return losses
 
 
@@ -381,8 +383,12 @@ def warm_start(
     env_name: str = "sokoban_visual",
     evaluate_before: bool = False,
     other_games: dict[str, EnvFactory] | None = None,
+    save: Callable[[torch.nn.Module, Path], Any] | None = None,
 ) -> dict[str, Any]:
     """Train `model` by the recipe on `make`'s demonstrations, save it into `folder` with its `report.json`.
+
+    `save(model, folder)` writes the trained model (default: `save_pretrained`, the whole model; a LoRA warm start
+    passes one that writes only the adapter).
 
     `processor` is the VL processor (tokenizer + image processor) or a text model's tokenizer. A progress bar
     with an ETA covers the vision pre-training and SFT steps (the long part). With `evaluate_before`, the report
@@ -421,7 +427,10 @@ def warm_start(
     bar.close()
     train_seconds = time.perf_counter() - started - demo_seconds - vision_seconds
     model.eval()
-    model.save_pretrained(folder)
+    if save is None:
+        model.save_pretrained(folder)
+    else:
+        save(model, folder)
     if image_processor is not None:
         save_processor(processor, folder)
     else:

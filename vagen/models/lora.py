@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -67,3 +71,103 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             key = f"{prefix}.{leaf}"
         merged[key] = tensor
     return merged
+
+
+# ---- adapters saved on their own (a supervised warm start of a large model as a few MB) ----------------------------
+ADAPTER_WEIGHTS = "adapter.safetensors"
+ADAPTER_CONFIG = "adapter.json"
+ADAPTER_FORMAT = 1  # bump when the files' layout changes; older folders are then refused, not misread
+MERGED_VERSION = 1  # bump when folding changes, so materialised folders in the cache are rebuilt
+
+
+def lora_delta(a: torch.Tensor, b: torch.Tensor, alpha: float, r: int) -> torch.Tensor:
+    """The weight change of one LoRA pair: (alpha / r) · B @ A, with A: [r, in] and B: [out, r] (peft's scaling)."""
+    return (alpha / r) * (b.float() @ a.float())
+
+
+def save_adapter(model: torch.nn.Module, folder: Path, lora: dict[str, Any], base: dict[str, Any]) -> Path:
+    """Write `model`'s LoRA weights (peft's `default` adapter) and what they adapt into `folder`.
+
+    adapter.json records the LoRA settings and `base`, the model config (source, path, size, modality) the adapter
+    was trained on: together they rebuild the adapted model (`materialize_adapter`) without a full copy of it."""
+    from safetensors.torch import save_file
+
+    tensors = {
+        name: value.detach().contiguous().cpu() for name, value in model.state_dict().items() if ".lora_" in name
+    }
+    if not tensors:
+        raise ValueError("The model holds no LoRA weights to save; inject them with add_lora first.")
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / ADAPTER_WEIGHTS))
+    settings = {"format": ADAPTER_FORMAT, "lora": {"r": int(lora["r"]), "alpha": float(lora["alpha"])}, "base": base}
+    (folder / ADAPTER_CONFIG).write_text(json.dumps(settings, indent=2))
+    return folder / ADAPTER_WEIGHTS
+
+
+def read_adapter(folder: Path) -> dict[str, Any]:
+    """adapter.json of an adapter folder, checked; a missing or damaged one is a ValueError naming the fix."""
+    path = Path(folder) / ADAPTER_CONFIG
+    fix = "point model.path at a folder written by `scripts/sft.py lora.enabled=true`, or re-run that SFT"
+    try:
+        settings = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"LoRA adapter folder {folder}: cannot read {ADAPTER_CONFIG} ({error}); {fix}.") from None
+    if (
+        not isinstance(settings, dict)
+        or settings.get("format") != ADAPTER_FORMAT
+        or not (folder / ADAPTER_WEIGHTS).exists()
+    ):
+        raise ValueError(
+            f"LoRA adapter folder {folder} is not a format-{ADAPTER_FORMAT} adapter with {ADAPTER_WEIGHTS}; {fix}."
+        )
+    return settings
+
+
+def fold_adapter(model: torch.nn.Module, tensors: dict[str, torch.Tensor], alpha: float, r: int) -> int:
+    """Add each LoRA pair's `lora_delta` to the plain `model`'s weight it adapts (`<layer>.weight`); returns the
+    number of weights changed. A pair naming a layer the model lacks, or an unpaired tensor, is a ValueError."""
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for name, value in tensors.items():
+        layer, found, rest = name.partition(".lora_")
+        if not found or rest.split(".")[0] not in ("A", "B"):
+            raise ValueError(f"Adapter tensor {name!r} is not a LoRA A or B weight.")
+        pairs.setdefault(layer, {})[rest.split(".")[0]] = value
+    parameters = dict(model.named_parameters())
+    with torch.no_grad():
+        for layer, pair in pairs.items():
+            weight = parameters.get(f"{layer}.weight")
+            if weight is None or set(pair) != {"A", "B"}:
+                raise ValueError(f"Adapter layer {layer!r} has no matching weight in the model, or misses A or B.")
+            weight.add_(lora_delta(pair["A"], pair["B"], alpha, r).to(weight.dtype))
+    return len(pairs)
+
+
+def materialize_adapter(folder: str | Path) -> str:
+    """A full model folder of the adapter's base with the adapter folded in, built once into the vagen cache.
+
+    Everything downstream (engines, vLLM, checkpoints, the trainer's own LoRA) then sees a plain model. The cache
+    entry is keyed by the adapter's bytes and the base folder, so a re-trained adapter never reuses a stale one."""
+    from safetensors.torch import load_file
+
+    from vagen.models.cache import build_once, cache_root
+    from vagen.models.registry import load_policy
+
+    folder = Path(folder)
+    settings = read_adapter(folder)
+    base = settings["base"]
+    digest = hashlib.sha256((folder / ADAPTER_WEIGHTS).read_bytes()).hexdigest()
+    stamp = {"adapter_sha256": digest, "base": base, "version": MERGED_VERSION}
+
+    def build(out: Path) -> None:
+        policy = load_policy("adapter base", base["source"], base["modality"], path=base.get("path"),
+                             size=base.get("size"), dtype="float32")  # fmt: skip
+        fold_adapter(policy.model, load_file(str(folder / ADAPTER_WEIGHTS)), settings["lora"]["alpha"],
+                     settings["lora"]["r"])  # fmt: skip
+        policy.model.save_pretrained(out)
+        written = {item.name for item in out.iterdir()}
+        for item in Path(policy.folder).iterdir():  # tokenizer, processor, chat template: the base's
+            weights = item.name.startswith((".", "model.safetensors", "pytorch_model"))  # "." = the cache marker
+            if item.is_file() and item.name not in written and not weights:
+                shutil.copy2(item, out / item.name)
+
+    return str(build_once(cache_root() / f"lora-merged-{digest[:16]}", stamp, build))

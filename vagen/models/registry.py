@@ -69,6 +69,19 @@ def _smollm2(path: str | None, size: str | None) -> str:
     return str(build_smollm2())
 
 
+@MODEL_SOURCES.register("lora_adapter")
+def _lora_adapter(path: str | None, size: str | None) -> str:
+    """model.path: a LoRA adapter folder (`scripts/sft.py lora.enabled=true`); the adapter is folded into its base
+    once, into a cached full model folder."""
+    if not path:
+        raise ValueError(
+            "model.source=lora_adapter needs model.path: the folder `scripts/sft.py lora.enabled=true` wrote."
+        )
+    from vagen.models.lora import materialize_adapter
+
+    return materialize_adapter(path)
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """ "auto" is bf16 on GPU and fp32 on CPU (bf16 inference of SmolLM2 gave garbage on this CPU)."""
     if name == "auto":
