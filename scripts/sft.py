@@ -69,6 +69,8 @@ def check_lora(cfg: DictConfig) -> None:
 def adapter_saver(cfg: DictConfig):
     """`warm_start`'s save for a LoRA warm start: the adapter alone, with the base model config it adapts."""
     base = {key: cfg.model[key] for key in ("source", "path", "size", "modality")}
+    if base["path"] and Path(base["path"]).exists():
+        base["path"] = str(Path(base["path"]).resolve())  # a local base stays found from any working directory
     lora = OmegaConf.to_container(cfg.lora)
     return lambda model, folder: save_adapter(model, folder, lora, base)
 
