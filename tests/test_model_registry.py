@@ -57,7 +57,8 @@ def tiny_base(modality: str) -> dict:
 @pytest.mark.parametrize("modality", ["text", "vision"])
 def test_a_saved_lora_adapter_loads_as_the_adapted_model(modality, tmp_path, monkeypatch):
     """An adapter saved alone (adapter.safetensors + adapter.json) and loaded through source=lora_adapter computes
-    what the peft-adapted model computed: folding W + (alpha/r)·B@A agrees with peft's x·Aᵀ·Bᵀ·(alpha/r)."""
+    what the peft-adapted model computed: the saved config re-creates the adapters, and the folded weights
+    (`merged_state_dict`, W + (alpha/r)·B@A) agree with peft's forward x·Aᵀ·Bᵀ·(alpha/r)."""
     from vagen.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, add_lora, save_adapter
 
     base = tiny_base(modality)
@@ -69,7 +70,8 @@ def test_a_saved_lora_adapter_loads_as_the_adapted_model(modality, tmp_path, mon
         for name, parameter in adapted.model.named_parameters():
             if "lora_B" in name:
                 parameter.normal_(0, 0.5)  # peft starts B at 0: a trained adapter has moved it
-    save_adapter(adapted.model, tmp_path / "adapter", {"r": 4, "alpha": 8}, base)
+    lora = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+    save_adapter(adapted.model, tmp_path / "adapter", lora, base)
     assert sorted(p.name for p in (tmp_path / "adapter").iterdir()) == [ADAPTER_CONFIG, ADAPTER_WEIGHTS]
 
     loaded = load_policy("warm", "lora_adapter", modality, path=str(tmp_path / "adapter"), dtype="float32")
@@ -94,13 +96,15 @@ def test_a_damaged_or_retrained_adapter_is_never_read_stale(tmp_path, monkeypatc
     policy = load_policy("base", "pretrained", "text", path=base["path"], dtype="float32")
     add_lora(policy.model, r=2, alpha=2, dropout=0.0, target_modules=["q_proj"])
     folder = tmp_path / "adapter"
-    save_adapter(policy.model, folder, {"r": 2, "alpha": 2}, base)
+    save_adapter(policy.model, folder, {"r": 2, "alpha": 2, "target_modules": ["q_proj"]}, base)
     first = load_policy("warm", "lora_adapter", "text", path=str(folder)).model.state_dict()
     with torch.no_grad():
         for name, parameter in policy.model.named_parameters():
             if "lora_B" in name:
                 parameter.fill_(0.1)
-    save_adapter(policy.model, folder, {"r": 2, "alpha": 2}, base)  # re-trained into the same folder
+    save_adapter(
+        policy.model, folder, {"r": 2, "alpha": 2, "target_modules": ["q_proj"]}, base
+    )  # re-trained into the same folder
     second = load_policy("warm", "lora_adapter", "text", path=str(folder)).model.state_dict()
     assert any(not torch.equal(first[name], second[name]) for name in first)
     (folder / ADAPTER_CONFIG).write_text("{not json")

@@ -76,13 +76,8 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 # ---- adapters saved on their own (a supervised warm start of a large model as a few MB) ----------------------------
 ADAPTER_WEIGHTS = "adapter.safetensors"
 ADAPTER_CONFIG = "adapter.json"
-ADAPTER_FORMAT = 1  # bump when the files' layout changes; older folders are then refused, not misread
-MERGED_VERSION = 1  # bump when folding changes, so materialised folders in the cache are rebuilt
-
-
-def lora_delta(a: torch.Tensor, b: torch.Tensor, alpha: float, r: int) -> torch.Tensor:
-    """The weight change of one LoRA pair: (alpha / r) · B @ A, with A: [r, in] and B: [out, r] (peft's scaling)."""
-    return (alpha / r) * (b.float() @ a.float())
+ADAPTER_FORMAT = 2  # bump when the files' layout changes; older folders are then refused, not misread
+MERGED_VERSION = 2  # bump when folding changes, so materialised folders in the cache are rebuilt
 
 
 def save_adapter(model: torch.nn.Module, folder: Path, lora: dict[str, Any], base: dict[str, Any]) -> Path:
@@ -99,7 +94,8 @@ def save_adapter(model: torch.nn.Module, folder: Path, lora: dict[str, Any], bas
         raise ValueError("The model holds no LoRA weights to save; inject them with add_lora first.")
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / ADAPTER_WEIGHTS))
-    settings = {"format": ADAPTER_FORMAT, "lora": {"r": int(lora["r"]), "alpha": float(lora["alpha"])}, "base": base}
+    settings = {"format": ADAPTER_FORMAT, "lora": {key: lora[key] for key in ("r", "alpha", "target_modules")}}
+    settings["base"] = base
     (folder / ADAPTER_CONFIG).write_text(json.dumps(settings, indent=2))
     return folder / ADAPTER_WEIGHTS
 
@@ -123,25 +119,6 @@ def read_adapter(folder: Path) -> dict[str, Any]:
     return settings
 
 
-def fold_adapter(model: torch.nn.Module, tensors: dict[str, torch.Tensor], alpha: float, r: int) -> int:
-    """Add each LoRA pair's `lora_delta` to the plain `model`'s weight it adapts (`<layer>.weight`); returns the
-    number of weights changed. A pair naming a layer the model lacks, or an unpaired tensor, is a ValueError."""
-    pairs: dict[str, dict[str, torch.Tensor]] = {}
-    for name, value in tensors.items():
-        layer, found, rest = name.partition(".lora_")
-        if not found or rest.split(".")[0] not in ("A", "B"):
-            raise ValueError(f"Adapter tensor {name!r} is not a LoRA A or B weight.")
-        pairs.setdefault(layer, {})[rest.split(".")[0]] = value
-    parameters = dict(model.named_parameters())
-    with torch.no_grad():
-        for layer, pair in pairs.items():
-            weight = parameters.get(f"{layer}.weight")
-            if weight is None or set(pair) != {"A", "B"}:
-                raise ValueError(f"Adapter layer {layer!r} has no matching weight in the model, or misses A or B.")
-            weight.add_(lora_delta(pair["A"], pair["B"], alpha, r).to(weight.dtype))
-    return len(pairs)
-
-
 def materialize_adapter(folder: str | Path) -> str:
     """A full model folder of the adapter's base with the adapter folded in, built once into the vagen cache.
 
@@ -161,9 +138,11 @@ def materialize_adapter(folder: str | Path) -> str:
     def build(out: Path) -> None:
         policy = load_policy("adapter base", base["source"], base["modality"], path=base.get("path"),
                              size=base.get("size"), dtype="float32")  # fmt: skip
-        fold_adapter(policy.model, load_file(str(folder / ADAPTER_WEIGHTS)), settings["lora"]["alpha"],
-                     settings["lora"]["r"])  # fmt: skip
-        policy.model.save_pretrained(out)
+        add_lora(policy.model, dropout=0.0, **settings["lora"])
+        missing, unexpected = policy.model.load_state_dict(load_file(str(folder / ADAPTER_WEIGHTS)), strict=False)
+        if unexpected or any(".lora_" in key for key in missing):
+            raise ValueError(f"{folder}'s adapter does not fit its base model {base}; re-run the SFT that wrote it.")
+        policy.model.save_pretrained(out, state_dict=merged_state_dict(policy.model))
         written = {item.name for item in out.iterdir()}
         for item in Path(policy.folder).iterdir():  # tokenizer, processor, chat template: the base's
             weights = item.name.startswith((".", "model.safetensors", "pytorch_model"))  # "." = the cache marker
