@@ -174,8 +174,9 @@ class SokobanTextEnv(LanguageEnv):
     Observations:
         The grid as rows of `SYMBOLS`, derived from `grid()` (the visual variant renders `grid()` too).
     Rewards:
-        -0.1 per executed action, +1 for a box onto a target, -1 for a box off a target, +10 when
-        all boxes are on targets. A push into a wall or a second box does nothing but still costs -0.1.
+        `step_penalty` per executed action (-0.1, gym-sokoban's), +1 for a box onto a target, -1 for a box off
+        a target, +10 when all boxes are on targets. A push into a wall or a second box does nothing but still
+        costs the step penalty.
         With `distance_shaping` = c > 0, each action also earns c · (d before − d after), where d is the
         solver's fewest-moves distance to the solution (`2 · (height + width)` from a dead end): a
         potential-based shaping (Ng, Harada & Russell 1999) that keeps the optimal policies and gives a
@@ -197,9 +198,13 @@ class SokobanTextEnv(LanguageEnv):
         level_set: str | None = None,
         num_levels: int | None = None,
         distance_shaping: float = 0.0,
+        step_penalty: float = STEP_PENALTY,
         **base_kwargs: Any,
     ) -> None:
         super().__init__(**base_kwargs)
+        if not step_penalty <= 0:
+            raise ValueError(f"step_penalty must be <= 0 (a cost per action; 0 = none), got {step_penalty}.")
+        self.step_penalty = float(step_penalty)
         if not distance_shaping >= 0:
             raise ValueError(f"distance_shaping must be >= 0 (0 = off), got {distance_shaping}.")
         self.distance_shaping = float(distance_shaping)
@@ -262,7 +267,7 @@ class SokobanTextEnv(LanguageEnv):
             return ActionResult(reward=0.0, effective=False, truncated=True)
         self._steps += 1
         fixed, boxes, step = self._fixed, self._boxes, self._offsets[action]
-        reward, effective = STEP_PENALTY, False
+        reward, effective = self.step_penalty, False
         ahead = self._player + step
         if fixed[ahead] != WALL:
             if ahead not in boxes:

@@ -164,6 +164,20 @@ def test_distance_shaping_telescopes_and_prices_dead_ends():
         make_env(distance_shaping=-1.0)
 
 
+def test_step_penalty_is_the_cost_of_each_action():
+    """Default -0.1 per action (gym-sokoban's); step_penalty=0 leaves only the box and success rewards."""
+    level = "#######\n#_____#\n#_PX_O#\n#_____#\n#######"
+    _, reward, *_ = start(level, step_penalty=-0.3).step(answer("Up", "Down"))  # two effective non-pushes
+    assert reward == pytest.approx(-0.6)
+    free = start(level, step_penalty=0.0)
+    _, reward, *_ = free.step(answer("Up", "Down", "Left"))
+    assert reward == 0.0
+    _, reward, terminated, _, info = free.step(answer("Right", "Right", "Right"))
+    assert terminated and info["success"] and reward == pytest.approx(1.0 + 10.0)
+    with pytest.raises(ValueError, match="step_penalty"):
+        make_env(step_penalty=0.1)
+
+
 def test_max_steps_truncates_and_stops_the_turn():
     env = start("######\n#PX_O#\n######", max_steps=3)
     _, reward, terminated, truncated, info = env.step(answer("Up", "Up", "Up", "Right"))
