@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from vagen.bootstrap.warmstart import WarmStartRecipe, warm_start
 from vagen.env import make_env
 from vagen.eval.runner import load_env_config
-from vagen.models.lora import add_lora, lora_kwargs, save_adapter
+from vagen.models.lora import add_lora, lora_kwargs, require_peft, save_adapter
 from vagen.models.processor import load_processor
 from vagen.models.registry import load_policy
 from vagen.trainer.config import check_model_reads_env, check_overrides
@@ -60,10 +60,7 @@ def check_lora(cfg: DictConfig) -> None:
             f"lora.enabled=true trains adapters only, but sft.vision_steps={cfg.sft.vision_steps} pre-trains the whole "
             "vision tower, which an adapter cannot hold. Fix: sft.vision_steps=0, or lora.enabled=false."
         )
-    try:
-        import peft  # noqa: F401
-    except ImportError as error:
-        raise ValueError("lora.enabled=true needs peft: pip install peft.") from error
+    require_peft("lora.enabled")
 
 
 def adapter_saver(cfg: DictConfig):

@@ -13,6 +13,15 @@ from typing import Any
 import torch
 
 
+def require_peft(option: str) -> None:
+    """Raise the one-line fix when `option` (a config switch that turns LoRA on) is set but peft is not installed:
+    checked with the config, before any model loads."""
+    try:
+        import peft  # noqa: F401
+    except ImportError as error:
+        raise ValueError(f"{option}=true needs peft: pip install peft.") from error
+
+
 def add_lora(model: torch.nn.Module, r: int, alpha: int, dropout: float, target_modules: list[str]) -> None:
     """Inject LoRA layers into `model` and make them the only trainable parameters.
 
@@ -94,8 +103,11 @@ def save_adapter(model: torch.nn.Module, folder: Path, lora: dict[str, Any], bas
         raise ValueError("The model holds no LoRA weights to save; inject them with add_lora first.")
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / ADAPTER_WEIGHTS))
-    settings = {"format": ADAPTER_FORMAT, "lora": {key: lora[key] for key in ("r", "alpha", "target_modules")}}
-    settings["base"] = base
+    settings = {
+        "format": ADAPTER_FORMAT,
+        "lora": {key: lora[key] for key in ("r", "alpha", "target_modules")},
+        "base": base,
+    }
     (folder / ADAPTER_CONFIG).write_text(json.dumps(settings, indent=2))
     return folder / ADAPTER_WEIGHTS
 

@@ -14,6 +14,7 @@ from vagen.engines import ENGINES
 from vagen.env import make_env
 from vagen.filtering import EMPTY_POLICIES, FILTER_STRATEGIES, SPREAD_STATS
 from vagen.logging.sinks import WANDB_MODES
+from vagen.models.lora import require_peft
 from vagen.rollout.context import DialogueFormatter
 from vagen.trainer.loop import SEED_STRIDE
 
@@ -200,10 +201,7 @@ def validate_config(cfg: Any) -> None:
             "on CUDA/ROCm only; set it to false on CPU."
         )
     if trainer.lora.enabled:
-        try:
-            import peft  # noqa: F401
-        except ImportError as error:
-            raise ValueError("trainer.lora.enabled=true needs peft: pip install peft.") from error
+        require_peft("trainer.lora.enabled")
 
 
 def check_prompt_fits(cfg: Any, tokenizer: Any, image_processor: Any | None) -> int:
