@@ -32,7 +32,7 @@ from vagen.bootstrap.warmstart import (
 )
 from vagen.env.policies import RELATIVE_DIRECTIONS
 from vagen.models.cache import read_stamp
-from vagen.rollout import DialogueFormatter
+from vagen.rollout import DialogueFormatter, trajectories_to_batch
 
 TEST_RECIPE = WarmStartRecipe(
     size="test",
@@ -147,6 +147,11 @@ def test_sft_mask_covers_exactly_the_solver_responses(formatter):
             if not noisy:
                 expected[start:end] = 1.0
         assert torch.equal(batch.response_mask[row], expected)
+    # imitate_noise: the noisy turns are trained on as well, so the mask is every response
+    imitated = sft_batch(demos, formatter.tokenizer.pad_token_id, imitate_noise=True)
+    everything = trajectories_to_batch([demo.trajectory for demo in demos], formatter.tokenizer.pad_token_id)
+    assert torch.equal(imitated.response_mask, everything.response_mask)
+    assert imitated.response_mask.sum() > batch.response_mask.sum()
 
 
 def test_demo_ids_are_what_the_rollout_would_build(formatter):
@@ -229,6 +234,7 @@ def test_sft_script_end_to_end_writes_a_model_folder_report_and_config(env, mode
     entry = root / "configs" / "model" / f"{name}.yaml"
     quick = ["sft.train_episodes=6", "sft.steps=3", "sft.batch_size=3", "sft.warmup_steps=1", "sft.bf16=false"]
     quick += ["sft.vision_steps=2", "sft.vision_batch_size=4", "sft.eval_episodes=2", "sft.max_new_tokens=16"]
+    quick += ["sft.imitate_noise=true"]  # reaches the recipe (sft_batch's mask is tested above)
     command = [sys.executable, str(root / "scripts" / "sft.py"), f"env={env}", f"model={model}", *quick]
     command += [f"out={tmp_path / 'out'}", f"sft.config_name={name}", f"also_envs=[{','.join(also)}]"]
     command += ["lora.enabled=true", "lora.r=4"] if lora else []
@@ -237,7 +243,7 @@ def test_sft_script_end_to_end_writes_a_model_folder_report_and_config(env, mode
         assert done.returncode == 0, done.stderr[-2000:]
         assert "held-out before SFT" in done.stdout and "held-out after SFT" in done.stdout
         report = read_report(tmp_path / "out")
-        assert report["env"] == env and report["recipe"]["steps"] == 3
+        assert report["env"] == env and report["recipe"]["steps"] == 3 and report["recipe"]["imitate_noise"] is True
         games = [report, *(report["other_games"][name] for name in also)]
         assert set(report.get("other_games", {})) == set(also)
         for game in games:

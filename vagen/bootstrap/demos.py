@@ -114,9 +114,12 @@ def demonstrations(
     return [demo for demo in demos if demo.trajectory.turns and not all(demo.noisy_turns)]
 
 
-def sft_batch(demos: list[Demo], pad_token_id: int) -> TokenBatch:
-    """`trajectories_to_batch` of the demos with the noisy turns' responses taken out of the loss mask."""
+def sft_batch(demos: list[Demo], pad_token_id: int, imitate_noise: bool = False) -> TokenBatch:
+    """`trajectories_to_batch` of the demos with the noisy turns' responses taken out of the loss mask, unless
+    `imitate_noise`: then the model learns the noisy solver itself, a suboptimal demonstrator for RL to improve on."""
     batch = trajectories_to_batch([demo.trajectory for demo in demos], pad_token_id)
+    if imitate_noise:
+        return batch
     for row, demo in enumerate(demos):
         for (start, end), is_noise in zip(demo.trajectory.response_spans(), demo.noisy_turns, strict=True):
             if is_noise:

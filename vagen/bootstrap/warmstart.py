@@ -80,6 +80,7 @@ class WarmStartRecipe:
     base_seed: int = 0  # seed of the untrained base model's weights
     train_episodes: int = 2400  # demonstration episodes per game (seeds 0..train_episodes-1)
     noise_eps: float = 0.25  # probability that a demo turn plays random actions instead of the solver's
+    imitate_noise: bool = False  # train on the noisy turns too (default: they are context only, masked from the loss)
     steps: int = 480  # optimizer steps (over the demos of every game)
     batch_size: int = 16  # dialogues per step
     lr: float = 3e-3  # peak AdamW learning rate
@@ -273,7 +274,7 @@ def train_sft(
                 order += generator.permutation(len(demos)).tolist()
             rows, order = order[: recipe.batch_size], order[recipe.batch_size :]
             with _autocast(recipe.bf16, device):
-                loss = sft_loss(model, sft_batch([demos[i] for i in rows], pad_id), processor)
+                loss = sft_loss(model, sft_batch([demos[i] for i in rows], pad_id, recipe.imitate_noise), processor)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
