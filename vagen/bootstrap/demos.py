@@ -8,7 +8,8 @@ Why noise: a model trained only on perfect play has never seen a state off the s
 cannot recover from its own first mistake (DAgger's covariate shift). With probability `noise_eps`
 a turn plays random actions instead; that turn stays in the dialogue as context (the model sees the
 consequence) but is masked out of the loss, and the solver replans from the new state on the next
-turn, which is what the model learns to imitate.
+turn, which is what the model learns to imitate. (`imitate_noise` keeps the random turns in the loss instead:
+a suboptimal demonstrator, whose model sees the board well but acts badly.)
 """
 
 from __future__ import annotations
