@@ -346,6 +346,25 @@ class StarPOTrainer(IterationLoop):
 
     def _train_mini_batch(self, batch: TokenBatch, mini: torch.Tensor, fresh: torch.Tensor, stats: UpdateStats) -> None:
         """One optimizer step on the rows `mini`, accumulated over micro-batches (of this replica's share of them)."""
+        self._accumulate_gradients(batch, mini, fresh, stats)
+        self._optimizer_step(stats)
+
+    def policy_gradient(self, batch: TokenBatch, rows: torch.Tensor) -> list[torch.Tensor]:
+        """The policy gradient an update on `rows` alone would step along (before clipping), one tensor per trainable
+        parameter, from a batch with its training tensors (`with_training_tensors`). The weights do not change."""
+        self.model.eval()  # as in the update: the same function as the old log-probs
+        self._accumulate_gradients(batch, rows, torch.zeros(len(batch), dtype=torch.bool), UpdateStats.empty())
+        gradient = [
+            p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in self.trainable_parameters()
+        ]
+        for optimizer in self.optimizers.values():
+            optimizer.zero_grad(set_to_none=True)
+        return gradient
+
+    def _accumulate_gradients(
+        self, batch: TokenBatch, mini: torch.Tensor, fresh: torch.Tensor, stats: UpdateStats
+    ) -> None:
+        """The gradient of the loss on the rows `mini`, accumulated over micro-batches into the parameters' `.grad`."""
         for optimizer in self.optimizers.values():
             optimizer.zero_grad(set_to_none=True)
         whole_mask = batch.response_mask[mini]
@@ -357,7 +376,6 @@ class StarPOTrainer(IterationLoop):
                 kept = logprobs[fresh[micro].to(logprobs.device)].float().cpu()
                 batch.old_logprobs[rows, : logprobs.shape[1]] = kept
         fresh[:] = False
-        self._optimizer_step(stats)
 
     def _micro_step(
         self, mb: TokenBatch, whole_mask: torch.Tensor, stats: UpdateStats, fresh: torch.Tensor
