@@ -1,9 +1,10 @@
 """Is one update's gradient more signal than noise? `python scripts/grad_noise.py env=sokoban_visual [train options]`.
 
 Measures the gradient noise scale (McCandlish et al. 2018) of the update `scripts/train.py` would make with the same
-options, at the model's weights or a checkpoint's: the critical batch in prompt groups (where the step's signal and
-noise are equal) and the signal fraction of a step of `trainer.groups` groups, for all weights and for the vision
-tower and the language model apart. Options: configs/grad_noise.yaml (`noise:`) and everything of train.yaml.
+options, at the model's weights (`model=`, or `model.source=pretrained model.path=<folder>`): the critical batch in
+prompt groups (where the step's signal and noise are equal) and the signal fraction of a step of `trainer.groups`
+groups, for all weights and for the vision tower and the language model apart. Options: configs/grad_noise.yaml
+(`noise:`) and everything of train.yaml.
 """
 
 import json
@@ -11,11 +12,10 @@ import sys
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from vagen.trainer.config import check_overrides
 from vagen.trainer.gradient_noise import measure_gradient_noise
-from vagen.trainer.run import resume_point
 from vagen.trainer.starpo import StarPOTrainer
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
@@ -40,12 +40,7 @@ def report_lines(result: dict) -> list[str]:
 def measure(cfg: DictConfig) -> dict:
     if cfg.trainer.workers != 1:
         raise ValueError("grad_noise measures one process's gradient: leave trainer.workers=1.")
-    checkpoint = None
-    if cfg.noise.checkpoint is not None:  # a run folder means its latest complete checkpoint, as in trainer.resume
-        checkpoint = resume_point(OmegaConf.merge(cfg, {"trainer": {"resume": str(cfg.noise.checkpoint)}}))
     trainer = StarPOTrainer(cfg)
-    if checkpoint is not None:
-        trainer.restore(checkpoint)
     seeds = list(range(cfg.noise.first_seed, cfg.noise.first_seed + cfg.noise.groups))
     result = measure_gradient_noise(trainer, seeds, cfg.noise.folds, progress=lambda line: print(line, flush=True))
     trainer.close()
