@@ -8,7 +8,6 @@ language model apart. No weight changes.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +15,7 @@ import torch
 
 from vagen.diagnostics.gradient_noise import gradient_noise
 from vagen.rollout import trajectories_to_batch
+from vagen.trainer.loop import group_returns
 from vagen.trainer.starpo import StarPOTrainer
 
 
@@ -60,15 +60,13 @@ def measure_gradient_noise(
             progress(f"gradients: {position + 1}/{groups} groups")
     # dots[i, j, p] = F_i . F_j restricted to parameter p; a block's Gram matrix sums its parameters.
     dots = torch.stack([torch.stack([_per_parameter_dots(fi, fj) for fj in fold_sums]) for fi in fold_sums])
-    rewards = defaultdict(set)
-    for trajectory in trajectories:
-        rewards[trajectory.group_id].add(trajectory.total_reward)
+    returns = group_returns(trajectories, groups, trainer.cfg.trainer.group_size)
     return {
         "groups": groups,
         "group_size": trainer.cfg.trainer.group_size,
         "batch_groups": per_call,
         "success": sum(bool(t.success) for t in trajectories) / len(trajectories),
-        "groups_with_reward_spread": sum(len(r) > 1 for r in rewards.values()),
+        "groups_with_reward_spread": int((returns.amax(1) > returns.amin(1)).sum()),
         "blocks": {
             name: gradient_noise(dots[:, :, mask].sum(-1), fold_sizes, square_norms[:, mask].sum(-1), per_call)
             for name, mask in parameter_blocks(trainer).items()
