@@ -6,7 +6,7 @@ import torch
 from vagen.bootstrap.tiny import build_tiny_text_lm, build_tiny_vl, load_tiny_text_lm, load_tiny_vl
 from vagen.engines import Context, HFEngine, SamplingParams
 from vagen.env import make_env
-from vagen.rollout import DialogueFormatter, RolloutSpec, collect_rollouts, trajectories_to_batch
+from vagen.rollout import DialogueFormatter, RolloutSpec, TokenBatch, collect_rollouts, trajectories_to_batch
 
 SAMPLING = SamplingParams(max_new_tokens=24, temperature=1.0, seed=7)
 
@@ -220,3 +220,26 @@ def test_a_share_of_the_groups_samples_what_the_whole_batch_does(tiny_vl):
         assert [turn.response_ids for turn in mine.turns] == [turn.response_ids for turn in theirs.turns]
         for a, b in zip(mine.turns, theirs.turns, strict=True):
             torch.testing.assert_close(torch.tensor(a.response_logprobs), torch.tensor(b.response_logprobs))
+
+
+def test_micro_batches_put_dialogues_of_similar_length_together():
+    """Each micro-batch's forward is trimmed to its longest dialogue: the rows go longest first, in chunks."""
+    lengths = torch.tensor([3, 9, 5, 9, 1, 7, 2, 8])
+    mask = (torch.arange(10)[None, :] < lengths[:, None]).long()
+    zeros = torch.zeros(8, 10)
+    batch = TokenBatch(
+        input_ids=mask,
+        attention_mask=mask,
+        response_mask=zeros,
+        token_rewards=zeros,
+        turn_ids=zeros.long(),
+        rollout_logprobs=zeros,
+        group_index=torch.arange(8),
+        returns=torch.zeros(8),
+        images=[[] for _ in range(8)],
+    )
+    mini_batch = torch.tensor([0, 2, 4, 5, 6, 7, 1])  # row 3 is in another mini-batch
+    chunks = batch.micro_batches(mini_batch, 3)
+    assert [chunk.tolist() for chunk in chunks] == [[1, 7, 5], [2, 0, 6], [4]]
+    # The forwards compute 3·9 + 3·5 + 1·1 positions instead of 3·5 + 3·8 + 1·9 in the given order.
+    assert sum(len(c) * int(lengths[c].max()) for c in chunks) == 43

@@ -54,6 +54,14 @@ class TokenBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def micro_batches(self, rows: torch.Tensor, size: int) -> list[torch.Tensor]:
+        """`rows` in chunks of at most `size`, longest dialogues first. Each chunk's forward is trimmed to its own
+        longest dialogue (`select`), so grouping dialogues of similar length cuts the padding that is computed;
+        the sum of the chunks' losses, and so the gradient, does not depend on the grouping."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        by_length = rows[torch.argsort(self.attention_mask[rows].sum(dim=1), descending=True, stable=True)]
+        return [by_length[start : start + size] for start in range(0, len(by_length), size)]
+
     def select(self, rows: torch.Tensor | list[int]) -> TokenBatch:
         """The sub-batch of the given rows, trimmed to its longest dialogue."""
         rows = torch.as_tensor(rows, dtype=torch.long)

@@ -94,8 +94,7 @@ def batched_logprobs(
 ) -> torch.Tensor:
     """`policy_forward` log-probs for a whole batch, in micro-batches, without gradients: [B, T] on CPU."""
     out = torch.zeros(batch.input_ids.shape)
-    for start in range(0, len(batch), micro_batch):
-        rows = list(range(start, min(start + micro_batch, len(batch))))
+    for rows in batch.micro_batches(torch.arange(len(batch)), micro_batch):
         logprobs, _ = policy_forward(model, batch.select(rows), processor, temperature=temperature)
         out[rows, : logprobs.shape[1]] = logprobs.float().cpu()
     return out

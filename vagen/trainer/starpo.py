@@ -276,7 +276,7 @@ class StarPOTrainer(IterationLoop):
             if self.critic is not None:
                 old_values = torch.zeros(batch.input_ids.shape)
                 with torch.no_grad():
-                    for rows in _chunks(mine, trainer.micro_batch_size):
+                    for rows in batch.micro_batches(mine, trainer.micro_batch_size):
                         values = critic_forward(self.critic, batch.select(rows), processor).float().cpu()
                         old_values[rows, : values.shape[1]] = values
                 parallel.sum_(old_values)
@@ -368,7 +368,7 @@ class StarPOTrainer(IterationLoop):
         for optimizer in self.optimizers.values():
             optimizer.zero_grad(set_to_none=True)
         whole_mask = batch.response_mask[mini]
-        for micro in _chunks(self.data_parallel.share(mini), self.cfg.trainer.micro_batch_size):
+        for micro in batch.micro_batches(self.data_parallel.share(mini), self.cfg.trainer.micro_batch_size):
             mb = batch.select(micro)
             logprobs = self._micro_step(mb, whole_mask, stats, fresh[micro])
             if bool(fresh[micro].any()):  # keep them: later epochs and the gap metric read old log-probs
