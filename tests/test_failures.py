@@ -1,0 +1,99 @@
+"""scripts/failure_report.py: evaluated episodes replayed next to the game's solver."""
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from vagen.env import make_env
+from vagen.eval import evaluate, rename_overrides
+from vagen.eval.failures import EpisodeReplay, TurnReplay, failure_report, replay_cell
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def evaluate_cells(tmp_path: Path, models: str, episodes: int) -> Path:
+    overrides = [f"out_dir={tmp_path}", f"model={models}", "env=sokoban_text", f"episodes={episodes}"]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose("evaluate", overrides=rename_overrides([*overrides, "gif_episodes=0", "plot=false"]))
+    evaluate(cfg, CONFIG_DIR)
+    return tmp_path
+
+
+def load_cell(cell: Path) -> tuple[dict, list[dict]]:
+    records = [json.loads(path.read_text()) for path in sorted((cell / "episodes").glob("*.json"))]
+    return json.loads((cell / "settings.json").read_text()), records
+
+
+def test_solver_play_replays_as_solved_optimal_and_demo_reasoned_random_play_fails(tmp_path):
+    out = evaluate_cells(tmp_path, "[solver,random]", episodes=6)
+    solver_replays = replay_cell(*load_cell(out / "solver" / "sokoban_text"))
+    assert all(turn.optimal for replay in solver_replays for turn in replay.turns)
+    solver = failure_report(solver_replays)
+    assert solver["outcomes"]["solved"] == "6/6 (100%)"
+    # the solver policy reasons with describe_state(), not the demonstrations' words
+    assert solver["reasoning_matches_demo"]["solvable states"].startswith("0/")
+
+    settings, records = load_cell(out / "random" / "sokoban_text")
+    replays = replay_cell(settings, records)
+    assert [replay.success for replay in replays] == [record["success"] for record in records]
+    for replay in replays:  # each turn starts where the previous one ended; the first from the level's own distance
+        assert replay.initial_distance == replay.turns[0].distance_before
+        assert all(a.distance_after == b.distance_before for a, b in zip(replay.turns, replay.turns[1:], strict=False))
+    failed = [replay for replay in replays if not replay.success]
+    assert failed and all(replay.outcome in ("dead end", "out of turns") for replay in failed)
+
+
+def test_reasoning_is_compared_with_the_demonstration_of_the_state_seen(tmp_path):
+    settings, records = load_cell(evaluate_cells(tmp_path, "solver", episodes=1) / "solver" / "sokoban_text")
+    env = make_env(settings["env"]["id"], **settings["env"]["kwargs"])
+    env.reset(seed=records[0]["seed"])
+    first = next(message for message in records[0]["messages"] if message["role"] == "assistant")
+    answer = first["content"][first["content"].index("<answer>") :]
+    first["content"] = f"<think>{env.unwrapped.demo_reasoning()}</think>{answer}"
+    turns = replay_cell(settings, records)[0].turns
+    assert turns[0].reasoning_matches and not any(turn.reasoning_matches for turn in turns[1:])
+
+
+def test_a_replay_that_disagrees_with_its_record_names_the_settings(tmp_path):
+    settings, records = load_cell(evaluate_cells(tmp_path, "solver", episodes=1) / "solver" / "sokoban_text")
+    records[0]["success"] = False
+    with pytest.raises(ValueError, match=r"settings\.json"):
+        replay_cell(settings, records)
+
+
+def test_report_counts_outcomes_distances_and_turns():
+    optimal, wasted, dead = TurnReplay(3, 0, 3, True), TurnReplay(5, 5, 2, True), TurnReplay(5, None, 1, False)
+    replays = [
+        EpisodeReplay(0, True, 3, [optimal]),
+        EpisodeReplay(1, False, 5, [wasted, TurnReplay(5, 4, 1, True)]),  # goal still 4 moves away
+        EpisodeReplay(2, False, 5, [dead, TurnReplay(None, None, 3, False)]),
+    ]
+    assert [replay.outcome for replay in replays] == ["solved", "out of turns", "dead end"]
+    report = failure_report(replays)
+    assert report["outcomes"] == {"solved": "1/3 (33%)", "dead end": "1/3 (33%)", "out of turns": "1/3 (33%)"}
+    assert report["success_by_initial_distance"] == {"3": "1/1 (100%)", "5": "0/2 (0%)"}
+    assert report["optimal_turns_by_turn"] == {0: "1/3 (33%)", 1: "1/2 (50%)"}
+    assert report["dead_ends_entered_by_turn"] == {0: "1/3 (33%)", 1: "0/2 (0%)"}
+    assert report["reasoning_matches_demo"] == {"solvable states": "3/4 (75%)", "dead ends": "0/1 (0%)"}
+
+
+def test_script_prints_the_report_and_names_a_wrong_folder(tmp_path, capsys):
+    import runpy
+    import sys
+
+    out = evaluate_cells(tmp_path / "eval", "solver", episodes=2)
+    argv = sys.argv
+    try:
+        sys.argv = ["failure_report.py", str(out / "solver" / "sokoban_text"), "--json", str(tmp_path / "r.json")]
+        runpy.run_path(str(SCRIPTS / "failure_report.py"), run_name="__main__")
+        assert "outcome: solved 2/2 (100%)" in capsys.readouterr().out
+        assert json.loads((tmp_path / "r.json").read_text())[str(out / "solver" / "sokoban_text")]["episodes"] == 2
+        sys.argv = ["failure_report.py", str(tmp_path)]
+        with pytest.raises(SystemExit) as exit_info:
+            runpy.run_path(str(SCRIPTS / "failure_report.py"), run_name="__main__")
+        assert exit_info.value.code == 2 and "has no settings.json" in capsys.readouterr().err
+    finally:
+        sys.argv = argv

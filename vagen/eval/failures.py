@@ -1,0 +1,146 @@
+"""Why evaluated episodes fail: each stored episode is replayed in its game, next to the game's solver.
+
+`scripts/evaluate.py` stores every episode (seed, settings, the model's responses). Replaying those responses
+from `env.reset(seed)` gives back every state the model saw, and there the solver says how far the goal was
+(`solver_actions()`: its plan length) and what a demonstration would have reasoned (`demo_reasoning()`). So a
+failure can be told apart as a dead end (a state the solver can no longer solve: in Sokoban a box pushed where
+it cannot come back from) or running out of turns with the goal still reachable, and each turn as optimal (its
+executed actions shortened the plan by their number) or not. RL that fixes planning moves the first; a model
+that does not see the board writes reasoning that differs from the demonstration's.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vagen.env import make_env
+from vagen.env.parsing import parse_response
+
+
+@dataclass(frozen=True)
+class TurnReplay:
+    """One replayed turn. Distances are solver plan lengths: 0 once solved, None where the solver finds no plan
+    (a dead end, or a state too big for its search)."""
+
+    distance_before: int | None
+    distance_after: int | None
+    executed_actions: int
+    reasoning_matches: bool  # the response's <think> text is the demonstration's for the state it saw
+
+    @property
+    def optimal(self) -> bool:
+        """Every executed action was a step of a shortest plan (unit-cost games)."""
+        return (
+            self.distance_before is not None
+            and self.distance_after is not None
+            and self.distance_after == self.distance_before - self.executed_actions
+        )
+
+    @property
+    def entered_dead_end(self) -> bool:
+        return self.distance_before is not None and self.distance_after is None
+
+
+@dataclass(frozen=True)
+class EpisodeReplay:
+    seed: int
+    success: bool
+    initial_distance: int | None
+    turns: list[TurnReplay]
+
+    @property
+    def outcome(self) -> str:
+        """solved | dead end (the solver finds no plan from where it ended) | out of turns (goal still reachable)."""
+        if self.success:
+            return "solved"
+        final = self.turns[-1].distance_after if self.turns else self.initial_distance
+        return "dead end" if final is None else "out of turns"
+
+
+def _distance(env: Any, solved: bool) -> int | None:
+    if solved:
+        return 0
+    plan = env.solver_actions()
+    return len(plan) if plan else None
+
+
+def replay_episode(env_id: str, env_kwargs: dict[str, Any], record: dict[str, Any]) -> EpisodeReplay:
+    """Play the record's responses again from `reset(seed)`; raises if the replay does not end as the record did
+    (other env settings, or a game whose levels changed since)."""
+    env = make_env(env_id, **env_kwargs)
+    env.reset(seed=record["seed"])
+    game = env.unwrapped
+    parse_options = {
+        "response_format": env_kwargs.get("response_format", "free_think"),
+        "action_separator": env_kwargs.get("action_separator", "||"),
+        "max_actions": env_kwargs.get("max_actions_per_turn", 3),
+    }
+    responses = [message["content"] for message in record["messages"] if message["role"] == "assistant"]
+    before = initial = _distance(game, solved=False)
+    turns, success = [], False
+    for response in responses:
+        reasoning_matches = parse_response(response, **parse_options).think.strip() == game.demo_reasoning().strip()
+        _, _, _, _, info = env.step(response)
+        success = bool(info.get("success", False))
+        after = _distance(game, success)
+        turns.append(TurnReplay(before, after, len(info.get("actions", [])), reasoning_matches))
+        before = after
+    env.close()
+    if success != bool(record["success"]):
+        raise ValueError(
+            f"episode seed {record['seed']}: the replay {'solved' if success else 'failed'} it but the record says "
+            f"{'solved' if record['success'] else 'failed'}; replay with the settings.json they were played with."
+        )
+    return EpisodeReplay(record["seed"], success, initial, turns)
+
+
+def _share(hits: int, total: int) -> str:
+    return f"{hits}/{total} ({hits / total:.0%})" if total else "0/0"
+
+
+def failure_report(replays: Sequence[EpisodeReplay]) -> dict[str, Any]:
+    """Counts over replayed episodes: outcomes, success by the level's initial solver distance, and per turn index
+    the optimal turns, the dead ends entered and the reasoning that matches the demonstration's."""
+    outcomes = Counter(replay.outcome for replay in replays)
+    by_distance: dict[str, list[int]] = {}
+    for replay in replays:
+        solved_total = by_distance.setdefault(str(replay.initial_distance), [0, 0])
+        solved_total[0] += replay.success
+        solved_total[1] += 1
+    turn_indices = range(max((len(replay.turns) for replay in replays), default=0))
+
+    def per_turn(test: str) -> dict[int, str]:
+        shares = {}
+        for index in turn_indices:
+            turns = [replay.turns[index] for replay in replays if len(replay.turns) > index]
+            shares[index] = _share(sum(getattr(turn, test) for turn in turns), len(turns))
+        return shares
+
+    all_turns = [turn for replay in replays for turn in replay.turns]
+    return {
+        "episodes": len(replays),
+        "outcomes": {name: _share(outcomes[name], len(replays)) for name in ("solved", "dead end", "out of turns")},
+        "success_by_initial_distance": {
+            distance: _share(*counts)
+            for distance, counts in sorted(by_distance.items(), key=lambda item: (item[0] == "None", item[0].zfill(4)))
+        },
+        "optimal_turns_by_turn": per_turn("optimal"),
+        "dead_ends_entered_by_turn": per_turn("entered_dead_end"),
+        # Apart, because a dead end is off the demonstrations' states: a misreading there is not why it failed.
+        "reasoning_matches_demo": {
+            where: _share(sum(turn.reasoning_matches for turn in turns), len(turns))
+            for where, turns in (
+                ("solvable states", [turn for turn in all_turns if turn.distance_before is not None]),
+                ("dead ends", [turn for turn in all_turns if turn.distance_before is None]),
+            )
+        },
+    }
+
+
+def replay_cell(settings: dict[str, Any], records: Iterable[dict[str, Any]]) -> list[EpisodeReplay]:
+    """Replays of one (model, env) cell's records (errored episodes, which did not end in the game, left out)."""
+    env = settings["env"]
+    return [replay_episode(env["id"], env["kwargs"], record) for record in records if record.get("error") is None]
