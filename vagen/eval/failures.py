@@ -67,28 +67,28 @@ def _distance(env: Any, solved: bool) -> int | None:
     return len(plan) if plan else None
 
 
-def replay_episode(env_id: str, env_kwargs: dict[str, Any], record: dict[str, Any]) -> EpisodeReplay:
-    """Play the record's responses again from `reset(seed)`; raises if the replay does not end as the record did
-    (other env settings, or a game whose levels changed since)."""
-    env = make_env(env_id, **env_kwargs)
+def replay_episode(env: Any, record: dict[str, Any]) -> EpisodeReplay:
+    """Play the record's responses again in `env` from `reset(seed)`; raises if the replay does not end as the
+    record did (other env settings, or a game whose levels changed since)."""
     env.reset(seed=record["seed"])
     game = env.unwrapped
-    parse_options = {
-        "response_format": env_kwargs.get("response_format", "free_think"),
-        "action_separator": env_kwargs.get("action_separator", "||"),
-        "max_actions": env_kwargs.get("max_actions_per_turn", 3),
-    }
     responses = [message["content"] for message in record["messages"] if message["role"] == "assistant"]
     before = initial = _distance(game, solved=False)
     turns, success = [], False
     for response in responses:
-        reasoning_matches = parse_response(response, **parse_options).think.strip() == game.demo_reasoning().strip()
+        # parsed as the game's step() parses it, with the game's own format settings
+        think = parse_response(
+            response,
+            response_format=game.response_format,
+            action_separator=game.action_separator,
+            max_actions=game.max_actions_per_turn,
+        ).think
+        reasoning_matches = think.strip() == game.demo_reasoning().strip()
         _, _, _, _, info = env.step(response)
         success = bool(info.get("success", False))
         after = _distance(game, success)
         turns.append(TurnReplay(before, after, len(info.get("actions", [])), reasoning_matches))
         before = after
-    env.close()
     if success != bool(record["success"]):
         raise ValueError(
             f"episode seed {record['seed']}: the replay {'solved' if success else 'failed'} it but the record says "
@@ -105,11 +105,8 @@ def failure_report(replays: Sequence[EpisodeReplay]) -> dict[str, Any]:
     """Counts over replayed episodes: outcomes, success by the level's initial solver distance, and per turn index
     the optimal turns, the dead ends entered and the reasoning that matches the demonstration's."""
     outcomes = Counter(replay.outcome for replay in replays)
-    by_distance: dict[str, list[int]] = {}
-    for replay in replays:
-        solved_total = by_distance.setdefault(str(replay.initial_distance), [0, 0])
-        solved_total[0] += replay.success
-        solved_total[1] += 1
+    levels = Counter(replay.initial_distance for replay in replays)
+    solved = Counter(replay.initial_distance for replay in replays if replay.success)
     turn_indices = range(max((len(replay.turns) for replay in replays), default=0))
 
     def per_turn(test: str) -> dict[int, str]:
@@ -123,9 +120,9 @@ def failure_report(replays: Sequence[EpisodeReplay]) -> dict[str, Any]:
     return {
         "episodes": len(replays),
         "outcomes": {name: _share(outcomes[name], len(replays)) for name in ("solved", "dead end", "out of turns")},
-        "success_by_initial_distance": {
-            distance: _share(*counts)
-            for distance, counts in sorted(by_distance.items(), key=lambda item: (item[0] == "None", item[0].zfill(4)))
+        "success_by_initial_distance": {  # str keys: the report is written as JSON; None (no plan) last
+            str(distance): _share(solved[distance], levels[distance])
+            for distance in sorted(levels, key=lambda distance: (distance is None, distance or 0))
         },
         "optimal_turns_by_turn": per_turn("optimal"),
         "dead_ends_entered_by_turn": per_turn("entered_dead_end"),
@@ -141,6 +138,10 @@ def failure_report(replays: Sequence[EpisodeReplay]) -> dict[str, Any]:
 
 
 def replay_cell(settings: dict[str, Any], records: Iterable[dict[str, Any]]) -> list[EpisodeReplay]:
-    """Replays of one (model, env) cell's records (errored episodes, which did not end in the game, left out)."""
-    env = settings["env"]
-    return [replay_episode(env["id"], env["kwargs"], record) for record in records if record.get("error") is None]
+    """Replays of one (model, env) cell's records in one env (errored episodes, which did not end in the game,
+    left out)."""
+    env = make_env(settings["env"]["id"], **settings["env"]["kwargs"])
+    try:
+        return [replay_episode(env, record) for record in records if record.get("error") is None]
+    finally:
+        env.close()
