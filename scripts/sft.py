@@ -119,6 +119,7 @@ def main(cfg: DictConfig) -> None:
         evaluate_before=True,
         other_games={name: env_factory(env_cfg) for name, env_cfg in others.items()},
         save=adapter_saver(cfg) if cfg.lora.enabled else None,
+        micro_batch_size=cfg.sft.micro_batch_size,
     )
     temperature = f"temperature_{recipe.eval_temperature:g}"
     for name, game in {cfg.env.name: report, **report.get("other_games", {})}.items():

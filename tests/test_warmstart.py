@@ -17,6 +17,7 @@ from vagen.bootstrap.warmstart import (
     SHIPPED_DIR,
     SOKOBAN_VISUAL,
     WarmStartRecipe,
+    backward_sft_batch,
     build_warm_tiny_vl,
     evaluate_model,
     held_out_seeds,
@@ -178,6 +179,30 @@ def test_a_few_sft_steps_reduce_the_loss_on_a_fixed_batch(tiny_vl, formatter):
         after = float(sft_loss(model.eval(), batch, processor))
     assert len(losses) == 8 and all(np.isfinite(losses))
     assert after < before - 0.5
+
+
+def test_micro_batches_accumulate_the_whole_batch_gradient_and_loss(tiny_vl, formatter):
+    """`sft.micro_batch_size` bounds memory only: the gradient and loss of 6 dialogues of different lengths in
+    micro-batches of 4 (+2) and 1 equal one pass over all 6 (each part is divided by the whole batch's tokens)."""
+    model, processor = tiny_vl
+    demos = demonstrations(formatter, range(6), noise_eps=0.3)
+    batch = sft_batch(demos, processor.tokenizer.pad_token_id)
+    assert len(set(batch.attention_mask.sum(dim=1).tolist())) > 1  # the micro-batches really are trimmed apart
+    results = []
+    for micro_batch_size in (None, 4, 1):
+        model.zero_grad(set_to_none=True)
+        loss = backward_sft_batch(model, batch, processor, micro_batch_size, bf16=False)
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((loss, grads))
+    model.zero_grad(set_to_none=True)
+    (whole_loss, whole), *parts = results
+    with torch.no_grad():
+        assert whole_loss == pytest.approx(float(sft_loss(model, batch, processor)), rel=1e-5)
+    assert len(whole) > 10
+    for loss, grads in parts:
+        assert loss == pytest.approx(whole_loss, rel=1e-5) and grads.keys() == whole.keys()
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, whole[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_cached_build_is_reused_and_reports(tmp_path):
