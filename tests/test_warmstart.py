@@ -259,7 +259,7 @@ def test_sft_script_end_to_end_writes_a_model_folder_report_and_config(env, mode
     entry = root / "configs" / "model" / f"{name}.yaml"
     quick = ["sft.train_episodes=6", "sft.steps=3", "sft.batch_size=3", "sft.warmup_steps=1", "sft.bf16=false"]
     quick += ["sft.vision_steps=2", "sft.vision_batch_size=4", "sft.eval_episodes=2", "sft.max_new_tokens=16"]
-    quick += ["sft.imitate_noise=true"]  # reaches the recipe (sft_batch's mask is tested above)
+    quick += ["sft.imitate_noise=true", "sft.micro_batch_size=2"]  # reach the recipe / the step (each tested above)
     command = [sys.executable, str(root / "scripts" / "sft.py"), f"env={env}", f"model={model}", *quick]
     command += [f"out={tmp_path / 'out'}", f"sft.config_name={name}", f"also_envs=[{','.join(also)}]"]
     command += ["lora.enabled=true", "lora.r=4"] if lora else []
@@ -269,6 +269,7 @@ def test_sft_script_end_to_end_writes_a_model_folder_report_and_config(env, mode
         assert "held-out before SFT" in done.stdout and "held-out after SFT" in done.stdout
         report = read_report(tmp_path / "out")
         assert report["env"] == env and report["recipe"]["steps"] == 3 and report["recipe"]["imitate_noise"] is True
+        assert report["micro_batch_size"] == 2
         games = [report, *(report["other_games"][name] for name in also)]
         assert set(report.get("other_games", {})) == set(also)
         for game in games:

@@ -476,6 +476,7 @@ def warm_start(
         },
         "vision_loss": _loss_summary(vision_losses) if vision_losses else None,
         "train_loss": _loss_summary(losses),
+        "micro_batch_size": micro_batch_size,  # memory only: the recipe's gradient either way
         "seconds": {"demos": demo_seconds, "vision": vision_seconds, "train": train_seconds},
     }
     blocks = {}
