@@ -31,6 +31,7 @@ from vagen.bootstrap.warmstart import (
     tile_direction_labels,
     train_sft,
 )
+from vagen.env import make_env
 from vagen.env.policies import RELATIVE_DIRECTIONS
 from vagen.models.cache import read_stamp
 from vagen.rollout import DialogueFormatter, trajectories_to_batch
@@ -232,6 +233,37 @@ def test_shipped_tiny_vl_is_the_current_recipe_and_plays_as_its_report_says(tmp_
     greedy = evaluate_model(model, processor, seeds, 0.0, report["recipe"]["max_new_tokens"])
     assert abs(greedy["success"] - report["eval"]["greedy"]["success"]) <= 3 / len(seeds)
     assert greedy["success"] > 2 * report["eval"]["random"]["success"]
+
+
+def test_shipped_smollm2_text_default_is_its_recipe_and_plays_as_its_report_says():
+    """`model=smollm2_135m` (the text default) is SmolLM2-135M-Instruct + the shipped sokoban_text adapter: the
+    adapter's report holds the recipe of `SMOLLM2_TEXT_SFT` on the base `model=smollm2_135m_base`, and the folded
+    model replays the report's greedy held-out success and format-ok (within 2 of its 32 episodes: CPU float
+    reductions differ with the thread count)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from vagen.bootstrap.sources import SMOLLM2_TEXT_FOLDER, SMOLLM2_TEXT_SFT
+    from vagen.models.lora import read_adapter
+    from vagen.models.registry import load_policy
+
+    report = read_report(SMOLLM2_TEXT_FOLDER)
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "configs"), version_base=None):
+        sft = compose("sft", overrides=SMOLLM2_TEXT_SFT)
+        default = compose("train", overrides=["env=sokoban_text", "model=smollm2_135m"])
+    recipe = {key: value for key, value in report["recipe"].items() if key not in ("size", "base_seed")}
+    assert recipe == {key: sft.sft[key] for key in recipe} and report["env"] == sft.env.name == "sokoban_text"
+    adapter = read_adapter(SMOLLM2_TEXT_FOLDER)
+    assert adapter["base"] == {key: sft.model[key] for key in ("source", "path", "size", "modality")}
+    assert adapter["lora"] == {key: OmegaConf.to_container(sft.lora)[key] for key in adapter["lora"]}
+    assert default.model.source == "smollm2_warm"
+    policy = load_policy(default.model.name, default.model.source, default.model.modality, dtype="float32")
+    kwargs = OmegaConf.to_container(default.env.kwargs)
+    seeds = held_out_seeds(report["recipe"]["eval_episodes"])
+    greedy = evaluate_model(policy.model.eval(), policy.tokenizer, seeds, 0.0, report["recipe"]["max_new_tokens"],
+                            make=lambda: make_env(default.env.id, **kwargs), env_name="sokoban_text")  # fmt: skip
+    for key in ("success", "format_ok"):
+        assert abs(greedy[key] - report["eval"]["greedy"][key]) <= 2 / len(seeds), key
 
 
 @pytest.mark.parametrize(

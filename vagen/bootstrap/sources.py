@@ -1,5 +1,6 @@
 """The model sources built offline: `tiny_vl` (the warm-started tiny Qwen2.5-VL, shipped or built once by
-`build_warm_tiny_vl`), `tiny_vl_random` and `tiny_text` (untrained tiny models).
+`build_warm_tiny_vl`), `smollm2_warm` (SmolLM2-135M-Instruct with its shipped text warm-start adapter),
+`tiny_vl_random` and `tiny_text` (untrained tiny models).
 
 Registered through the `vagen.model_sources` entry point (pyproject.toml), so `vagen.models` finds them
 without importing this layer.
@@ -8,7 +9,8 @@ without importing this layer.
 from __future__ import annotations
 
 from vagen.bootstrap.tiny import build_tiny_text_lm, build_tiny_vl
-from vagen.bootstrap.warmstart import WarmStartRecipe, build_warm_tiny_vl
+from vagen.bootstrap.warmstart import SHIPPED_DIR, WarmStartRecipe, build_warm_tiny_vl
+from vagen.models.lora import materialize_adapter
 from vagen.models.registry import MODEL_SOURCES
 
 # The test size gets a short recipe (~30 s on CPU): enough to write the response format reliably,
@@ -29,6 +31,30 @@ def tiny_vl_source(path: str | None, size: str | None) -> str:
     size = size or "default"
     recipe = WarmStartRecipe() if size == "default" else WarmStartRecipe(size=size, **QUICK_WARM_START)
     return str(build_warm_tiny_vl(recipe=recipe))
+
+
+# The text default's warm start: a LoRA adapter (9.8 MB) on SmolLM2-135M-Instruct trained on noisy solver play of
+# sokoban_text, shipped with its report.json. One SFT step takes ~30 s on 2 CPU cores, so it is not rebuilt at
+# run time; these `scripts/sft.py` overrides made it (a test checks them against the shipped report's recipe).
+SMOLLM2_TEXT_FOLDER = SHIPPED_DIR / "smollm2-135m-sokoban-text"
+SMOLLM2_TEXT_SFT = [
+    "env=sokoban_text",
+    "model=smollm2_135m_base",
+    "lora.enabled=true",
+    "sft.vision_steps=0",
+    "sft.lr=1e-3",
+    "sft.warmup_steps=5",
+    "sft.steps=60",
+    "sft.train_episodes=960",
+    "sft.micro_batch_size=4",
+    "sft.bf16=false",
+    "sft.eval_episodes=32",
+]
+
+
+@MODEL_SOURCES.register("smollm2_warm")
+def smollm2_warm_source(path: str | None, size: str | None) -> str:
+    return materialize_adapter(SMOLLM2_TEXT_FOLDER)  # folded into the base once, into the vagen cache
 
 
 @MODEL_SOURCES.register("tiny_vl_random")
