@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from vagen.algos.losses import aggregation_share
 from vagen.bootstrap.demos import Demo, demonstrations, sft_batch
 from vagen.bootstrap.tiny import build_tiny_vl, load_tiny_vl
 from vagen.engines.base import SamplingParams
@@ -203,32 +204,30 @@ def pretrain_vision(
 # ---- supervised fine-tuning --------------------------------------------------------------------
 def sft_loss(model: torch.nn.Module, batch: TokenBatch, processor: Any) -> torch.Tensor:
     """Mean cross-entropy of the response tokens: -Σ log π · mask / Σ mask (a scalar)."""
-    return response_nll_sum(model, batch, processor) / batch.response_mask.sum()
-
-
-def response_nll_sum(model: torch.nn.Module, batch: TokenBatch, processor: Any) -> torch.Tensor:
-    """-Σ log π · mask over the batch's response tokens (a scalar): summed, so micro-batches add up exactly."""
     logprobs, _ = policy_forward(model, batch, processor)
-    return -(logprobs * batch.response_mask.to(logprobs.device)).sum()
+    mask = batch.response_mask.to(logprobs.device)
+    return -(logprobs * mask).sum() / mask.sum()
 
 
 def backward_sft_batch(
     model: torch.nn.Module, batch: TokenBatch, processor: Any, micro_batch_size: int | None, bf16: bool
 ) -> float:
     """Backpropagate `sft_loss(batch)` in length-sorted micro-batches of at most `micro_batch_size` dialogues, each
-    divided by the whole batch's token count, so the accumulated gradient is the whole batch's; returns the loss.
+    weighted by its share of the batch's tokens (`aggregation_share`, as the RL update accumulates), so the
+    accumulated gradient is the whole batch's; returns the loss.
 
     Micro-batches bound the activation memory: SmolLM2-135M on 16 Sokoban dialogues (~750 tokens) needs more than
     24 GB in one pass, 4 dialogues a quarter of it."""
-    tokens = batch.response_mask.sum()
     device = next(model.parameters()).device
     total = 0.0
     for rows in batch.micro_batches(torch.arange(len(batch)), micro_batch_size or len(batch)):
+        part = batch.select(rows)
         with _autocast(bf16, device):
-            part = response_nll_sum(model, batch.select(rows), processor)
-        (part / tokens).backward()
-        total += float(part.detach())
-    return total / float(tokens)
+            loss = sft_loss(model, part, processor)
+        share = aggregation_share(part.response_mask, batch.response_mask, "token-mean")
+        (loss * share).backward()
+        total += float(loss.detach() * share)
+    return total
 
 
 def lr_factor(step: int, total: int, warmup: int, floor: float) -> float:
