@@ -90,18 +90,31 @@ def test_a_run_that_cannot_fit_is_refused_before_loading_with_the_fix(monkeypatc
         raise AssertionError("a model was loaded before the memory check")
 
     monkeypatch.setattr(starpo, "load_policy", no_model)
-    cfg = config([*TEXT, "rollout.max_context_tokens=512"])
+    one = [*TEXT, "rollout.max_context_tokens=512", "trainer.micro_batch_size=1"]
+    cfg = config(one)
     full = memory_plan.plan_run(cfg, 50, "cpu")
-    # Room for everything the plan counts with gradient checkpointing, not without it.
-    checkpointed = config([*TEXT, "rollout.max_context_tokens=512", "trainer.gradient_checkpointing=true"])
-    budget = memory_plan.plan_run(checkpointed, 50, "cpu").peak
+    # Room for everything the plan counts with gradient checkpointing, not without it, even one dialogue at a time.
+    budget = memory_plan.plan_run(config([*one, "trainer.gradient_checkpointing=true"]), 50, "cpu").peak
     assert budget < full.peak
     monkeypatch.setattr(memory_plan, "available_memory", lambda device: (budget, "the GPU"))
-    with pytest.raises(ValueError, match=r"biggest: activations .*trainer\.gradient_checkpointing=true"):
+    with pytest.raises(ValueError, match=r"micro_batch_size=1 .*biggest: activations .*gradient_checkpointing=true"):
         StarPOTrainer(cfg)
     monkeypatch.setattr(memory_plan, "available_memory", lambda device: (1, "the GPU"))
     with pytest.raises(ValueError, match=r"trainer\.memory_check=false"):
         StarPOTrainer(cfg)
+
+
+def test_a_micro_batch_that_does_not_fit_is_lowered_to_the_largest_that_does(monkeypatch, tmp_path):
+    cfg = config([*TEXT, "rollout.max_context_tokens=512", "trainer.micro_batch_size=4"], tmp_path)
+    at = {size: memory_plan.plan_run(config([*TEXT, "rollout.max_context_tokens=512",
+                                             f"trainer.micro_batch_size={size}"]), 50, "cpu").peak
+          for size in (2, 3)}  # fmt: skip
+    assert at[2] < at[3]
+    monkeypatch.setattr(memory_plan, "available_memory", lambda device: (at[2], "the GPU"))
+    with pytest.warns(UserWarning, match=r"trainer\.micro_batch_size=4 does not fit .* using 2"):
+        trainer = StarPOTrainer(cfg)
+    assert trainer.memory_plan.micro_batch_size == 2 and trainer.memory_plan.peak == at[2]
+    assert trainer.cfg.trainer.micro_batch_size == 2  # what the update splits by, and what config.yaml records
 
 
 def test_the_memory_check_can_be_skipped(monkeypatch):

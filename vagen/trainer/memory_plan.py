@@ -227,6 +227,7 @@ class MemoryPlan:
     parameters: int
     trainable: int
     update: dict[str, int] = field(default_factory=dict)  # what exists only during the update (grads, activations)
+    micro_batch_size: int = 0  # the b it was planned with
 
     @property
     def peak(self) -> int:
@@ -301,7 +302,9 @@ def plan_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryPlan:
         "vllm": setup.vllm_bytes,
     }
     update = {"grads": components["grads"], "activations": components["activations"]}
-    return MemoryPlan(components, parameters=params, trainable=trainable, update=update)
+    return MemoryPlan(
+        components, parameters=params, trainable=trainable, update=update, micro_batch_size=setup.micro_batch_size
+    )
 
 
 # ---- the trainer's check -------------------------------------------------------------------------
@@ -316,30 +319,39 @@ FIXES = (
 
 def fixes_that_fit(shape: ModelShape, setup: TrainingSetup, available: int) -> list[str]:
     """The single option changes (in order of least effect on the algorithm) under which the plan fits."""
-    fits = [
+    return [
         hint
         for hint, already, change in FIXES
         if not already(setup) and plan_memory(shape, replace(setup, **change)).peak <= available
     ]
-    for size in range(setup.micro_batch_size - 1, 0, -1):
-        if plan_memory(shape, replace(setup, micro_batch_size=size)).peak <= available:
-            fits.append(f"lower trainer.micro_batch_size to {size}")
-            break
-    return fits
+
+
+def largest_fitting_micro_batch(shape: ModelShape, setup: TrainingSetup, available: int) -> MemoryPlan | None:
+    """The plan with the largest micro-batch size up to `setup`'s that fits; None when not even 1 does."""
+    for size in range(setup.micro_batch_size, 0, -1):
+        plan = plan_memory(shape, replace(setup, micro_batch_size=size))
+        if plan.peak <= available:
+            return plan
+    return None
 
 
 def check_fits(shape: ModelShape, setup: TrainingSetup, available: int, where: str) -> MemoryPlan:
-    """The plan; raises ValueError naming the biggest components and the options that would make it fit."""
-    plan = plan_memory(shape, setup)
-    if plan.peak <= available:
-        return plan
-    fixes = fixes_that_fit(shape, setup, available) or [
-        "combine trainer.gradient_checkpointing=true, trainer.lora.enabled=true, a lower trainer.micro_batch_size and "
-        "rollout.max_context_tokens, or use a smaller model"
+    """The plan that fits, at the largest micro-batch size up to the configured one: a smaller micro-batch
+    accumulates the same gradient (`aggregation_share`), so lowering it changes speed, not the algorithm. Raises
+    ValueError naming the biggest components and the options that would make it fit when not even 1 dialogue does."""
+    fitting = largest_fitting_micro_batch(shape, setup, available)
+    if fitting is not None:
+        return fitting
+    smallest = replace(setup, micro_batch_size=1)
+    plan = plan_memory(shape, smallest)
+    fixes = fixes_that_fit(shape, smallest, available) or [
+        "combine trainer.gradient_checkpointing=true, trainer.lora.enabled=true, a lower "
+        "rollout.max_context_tokens and trainer.bf16=true, or use a smaller model"
     ]
     biggest = ", ".join(f"{name} {size / GIB:.1f} GiB" for name, size in plan.biggest())
     raise ValueError(
-        f"This run needs about {plan.peak / GIB:.1f} GiB but {where} has {available / GIB:.1f} GiB; "
+        f"This run needs about {plan.peak / GIB:.1f} GiB even at trainer.micro_batch_size=1 but {where} has "
+        f"{available / GIB:.1f} GiB; "
         f"biggest: {biggest}. "
         f"To fit: {' or '.join(fixes)}. (Estimate: vagen/trainer/memory_plan.py; skip with trainer.memory_check=false.)"
     )
@@ -392,8 +404,9 @@ def setup_from_config(cfg: Any, prompt_tokens: int, device: str, device_bytes: i
 
 
 def check_run_fits(cfg: Any, config: Any, prompt_tokens: int, device: str) -> MemoryPlan | None:
-    """The trainer's check before loading: raise ValueError when the plan of `cfg` for the model config `config`
-    exceeds what `device` has (see `available_memory`); None when that cannot be read."""
+    """The trainer's check before loading: the plan of `cfg` for the model config `config` that fits what `device`
+    has (see `available_memory`), its micro-batch size lowered where needed (`check_fits`); raises ValueError when
+    none fits; None when the memory cannot be read."""
     available = available_memory(device)
     if available is None:
         return None

@@ -11,6 +11,7 @@ a resumed run replays exactly what an uninterrupted one would have done. As one 
 from __future__ import annotations
 
 import copy
+import warnings
 from collections import defaultdict
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
@@ -107,8 +108,17 @@ class StarPOTrainer(IterationLoop):
         seed_everything(cfg.seed)
         device = "cuda" if cfg.device == "auto" and torch.cuda.is_available() else cfg.device
         device = "cpu" if device == "auto" else device
-        # Refuse a run that cannot fit before minutes of loading end in an out-of-memory error.
+        # Before minutes of loading end in an out-of-memory error: refuse a run that cannot fit, or lower its
+        # micro-batch size where that alone makes it fit.
         self.memory_plan = plan_run(cfg, self.prompt_tokens, device) if cfg.trainer.memory_check else None
+        if self.memory_plan is not None and self.memory_plan.micro_batch_size < cfg.trainer.micro_batch_size:
+            warnings.warn(
+                f"trainer.micro_batch_size={cfg.trainer.micro_batch_size} does not fit in memory; using "
+                f"{self.memory_plan.micro_batch_size}, the largest that does by the memory plan "
+                f"({self.memory_plan.describe()}): the same gradient, accumulated over more passes.",
+                stacklevel=2,
+            )
+            cfg.trainer.micro_batch_size = self.memory_plan.micro_batch_size
         self.policy = load_policy(
             model_cfg.name,
             model_cfg.source,
