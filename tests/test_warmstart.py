@@ -302,6 +302,9 @@ def test_sft_script_end_to_end_writes_a_model_folder_report_and_config(env, mode
         report = read_report(tmp_path / "out")
         assert report["env"] == env and report["recipe"]["steps"] == 3 and report["recipe"]["imitate_noise"] is True
         assert report["micro_batch_size"] == 2
+        phases = report["seconds"]  # each phase timed apart (the evaluation before SFT is not the demos' time)
+        assert set(phases) == {"eval_before", "demos", "vision", "train", "save", "eval", "total"}
+        assert all(phases[k] >= 0 for k in phases) and sum(phases.values()) == pytest.approx(2 * phases["total"], 1e-3)
         games = [report, *(report["other_games"][name] for name in also)]
         assert set(report.get("other_games", {})) == set(also)
         for game in games:

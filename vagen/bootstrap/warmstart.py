@@ -425,7 +425,15 @@ def warm_start(
     The report's "eval"/"eval_before" are `env_name`'s; "other_games" holds the same blocks for each other game.
     `micro_batch_size`: see `train_sft`.
     """
-    started = time.perf_counter()
+    started = last = time.perf_counter()
+
+    def lap() -> float:
+        """Seconds since the previous lap: each phase timed on its own."""
+        nonlocal last
+        now = time.perf_counter()
+        elapsed, last = now - last, now
+        return elapsed
+
     games = {env_name: make or make_sokoban_visual, **(other_games or {})}
     tokenizer, image_processor = getattr(processor, "tokenizer", processor), getattr(processor, "image_processor", None)
     before = (
@@ -433,6 +441,7 @@ def warm_start(
         if evaluate_before
         else {}
     )
+    seconds = {"eval_before": lap()}
     formatter = DialogueFormatter(tokenizer, image_processor)
     episodes = range(recipe.train_episodes)
     demos = [
@@ -440,7 +449,7 @@ def warm_start(
         for name, game in games.items()
         for demo in demonstrations(game, formatter, episodes, recipe.noise_eps, recipe.seed, name)
     ]
-    demo_seconds = time.perf_counter() - started
+    seconds["demos"] = lap()
     vision_steps = recipe.vision_steps if image_processor is not None else 0
     bar = tqdm(total=vision_steps + recipe.steps, desc=f"warm start on {' + '.join(games)} (once)", unit="step")
 
@@ -449,12 +458,12 @@ def warm_start(
         bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
 
     vision_losses = pretrain_vision(model, processor, demos, recipe, on_step) if vision_steps else []
-    vision_seconds = time.perf_counter() - started - demo_seconds
+    seconds["vision"] = lap()
     losses = train_sft(
         model, image_processor or tokenizer, demos, recipe, on_step, tokenizer.pad_token_id, micro_batch_size
     )
     bar.close()
-    train_seconds = time.perf_counter() - started - demo_seconds - vision_seconds
+    seconds["train"] = lap()
     model.eval()
     if save is None:
         model.save_pretrained(folder)
@@ -464,6 +473,7 @@ def warm_start(
         save_processor(processor, folder)
     else:
         tokenizer.save_pretrained(folder)
+    seconds["save"] = lap()
     report = {
         "recipe": asdict(recipe),
         "env": env_name,
@@ -476,12 +486,13 @@ def warm_start(
         "vision_loss": _loss_summary(vision_losses) if vision_losses else None,
         "train_loss": _loss_summary(losses),
         "micro_batch_size": micro_batch_size,  # memory only: the recipe's gradient either way
-        "seconds": {"demos": demo_seconds, "vision": vision_seconds, "train": train_seconds},
+        "seconds": seconds,
     }
     blocks = {}
     for name, game in games.items():
         block = {"eval_before": before[name]} if name in before else {}
         blocks[name] = block | {"eval": evaluate_all(model, processor, recipe, game, name)}
+    seconds["eval"] = lap()
     report |= blocks.pop(env_name)
     if blocks:
         report["other_games"] = blocks
