@@ -107,6 +107,9 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     processor = load_processor(policy.folder) if policy.image_processor is not None else policy.tokenizer
     folder.mkdir(parents=True, exist_ok=True)
+    # The whole config next to the model: the env kwargs (grid text, turns, ...) it learned to read are not in the
+    # recipe, and a model trained on one observation format plays another badly.
+    (folder / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     if cfg.lora.enabled:
         add_lora(policy.model, **lora_kwargs(cfg.lora))
     report = warm_start(

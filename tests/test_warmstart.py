@@ -283,6 +283,7 @@ def test_sft_script_end_to_end_writes_a_model_folder_report_and_config(env, mode
     import sys
 
     from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
 
     from vagen.models.registry import load_policy
 
@@ -302,6 +303,8 @@ def test_sft_script_end_to_end_writes_a_model_folder_report_and_config(env, mode
         report = read_report(tmp_path / "out")
         assert report["env"] == env and report["recipe"]["steps"] == 3 and report["recipe"]["imitate_noise"] is True
         assert report["micro_batch_size"] == 2
+        written = OmegaConf.load(tmp_path / "out" / "config.yaml")  # the env kwargs the model learned to read
+        assert written.env.name == env and written.sft.steps == 3 and "max_turns" in written.env.kwargs
         phases = report["seconds"]  # each phase timed apart (the evaluation before SFT is not the demos' time)
         assert set(phases) == {"eval_before", "demos", "vision", "train", "save", "eval", "total"}
         assert all(phases[k] >= 0 for k in phases) and sum(phases.values()) == pytest.approx(2 * phases["total"], 1e-3)
