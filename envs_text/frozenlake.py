@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from vagen.env.base import ActionResult, LanguageEnv
+from vagen.env.observation import check_cell_separator
 from vagen.env.policies import relative_direction
 
 ACTIONS = ("Left", "Down", "Right", "Up")  # Gymnasium's action ids 0..3, in that order
@@ -151,7 +152,8 @@ class FrozenLakeTextEnv(LanguageEnv):
 
     ## Observations
     The grid, one row per line: `P` player, `_` frozen ice (the start cell is ice), `O` hole,
-    `G` goal, `X` player in a hole, `√` player on the goal. `grid()` gives the same as codes.
+    `G` goal, `X` player in a hole, `√` player on the goal, `cell_separator` between the cells of a row
+    (see `check_cell_separator`). `grid()` gives the same as codes.
 
     ## Rewards
     +1 for reaching the goal, 0 otherwise (plus the base class's format penalty).
@@ -173,9 +175,11 @@ class FrozenLakeTextEnv(LanguageEnv):
         desc: Sequence[str] | None = None,
         success_rate: float = 1.0,
         max_steps: int = 100,
+        cell_separator: str = "",
         **base_kwargs: Any,
     ) -> None:
         super().__init__(**base_kwargs)
+        self.cell_separator = check_cell_separator(cell_separator)
         if desc is None and size < 2:
             raise ValueError(f"size must be >= 2 so that start and goal differ, got {size}.")
         if not 0.0 < p_frozen <= 1.0:
@@ -225,7 +229,7 @@ class FrozenLakeTextEnv(LanguageEnv):
         return board
 
     def _state_text(self) -> str:
-        return "\n".join("".join(SYMBOLS[int(code)] for code in row) for row in self.grid())
+        return "\n".join(self.cell_separator.join(SYMBOLS[int(code)] for code in row) for row in self.grid())
 
     def _rules_text(self) -> str:
         height, width = len(self.desc), len(self.desc[0])

@@ -29,6 +29,7 @@ from envs_text.sokoban_level import (  # re-exported: the board is part of this 
 )
 from envs_text.sokoban_solver import solve
 from vagen.env.base import ActionResult, LanguageEnv
+from vagen.env.observation import check_cell_separator
 from vagen.env.policies import relative_direction
 
 STEP_PENALTY = -0.1
@@ -172,7 +173,8 @@ class SokobanTextEnv(LanguageEnv):
     Actions:
         "Up", "Down", "Left", "Right", several per turn (see `LanguageEnv`).
     Observations:
-        The grid as rows of `SYMBOLS`, derived from `grid()` (the visual variant renders `grid()` too).
+        The grid as rows of `SYMBOLS`, derived from `grid()` (the visual variant renders `grid()` too), with
+        `cell_separator` between the cells of a row (see `check_cell_separator`).
     Rewards:
         `step_penalty` per executed action (-0.1, gym-sokoban's), +1 for a box onto a target, -1 for a box off
         a target, +10 when all boxes are on targets. A push into a wall or a second box does nothing but still
@@ -199,6 +201,7 @@ class SokobanTextEnv(LanguageEnv):
         num_levels: int | None = None,
         distance_shaping: float = 0.0,
         step_penalty: float = STEP_PENALTY,
+        cell_separator: str = "",
         **base_kwargs: Any,
     ) -> None:
         super().__init__(**base_kwargs)
@@ -208,6 +211,7 @@ class SokobanTextEnv(LanguageEnv):
         if not distance_shaping >= 0:
             raise ValueError(f"distance_shaping must be >= 0 (0 = off), got {distance_shaping}.")
         self.distance_shaping = float(distance_shaping)
+        self.cell_separator = check_cell_separator(cell_separator)
         if len(dim_room) != 2 or min(dim_room) < 5:
             raise ValueError(f"dim_room must be (height, width) with both >= 5, got {dim_room!r}.")
         if num_boxes < 1:
@@ -352,7 +356,7 @@ class SokobanTextEnv(LanguageEnv):
         return grid
 
     def _state_text(self) -> str:
-        return render_text(self.grid())
+        return render_text(self.grid(), self.cell_separator)
 
     def _rules_text(self) -> str:
         legend = ", ".join(f"{SYMBOLS[code]} {TILE_NAMES[code]}" for code in SYMBOLS)

@@ -40,9 +40,9 @@ def action_offsets(width: int) -> dict[str, int]:
     return {"Up": -width, "Down": width, "Left": -1, "Right": 1}
 
 
-def render_text(grid: np.ndarray) -> str:
-    """Tile-code grid (H, W) → one line of symbols per row, top row first."""
-    return "\n".join("".join([_SYMBOL_BY_CODE[code] for code in row]) for row in grid.tolist())
+def render_text(grid: np.ndarray, separator: str = "") -> str:
+    """Tile-code grid (H, W) → one line of symbols per row, top row first, `separator` between cells."""
+    return "\n".join(separator.join([_SYMBOL_BY_CODE[code] for code in row]) for row in grid.tolist())
 
 
 @dataclass(frozen=True, eq=False)

@@ -150,6 +150,14 @@ def test_grid_codes_and_text_symbols():
     assert env.render().splitlines()[:2] == ["____", "PO_O"]  # the start cell is plain ice once left
 
 
+def test_cell_separator_puts_the_cells_of_a_row_apart():
+    env = FrozenLakeTextEnv(desc=MAP_4X4, render_mode="ansi", cell_separator=" ")
+    env.reset(seed=0)
+    assert env.render().splitlines() == ["P _ _ _", "_ O _ O", "_ _ _ O", "O _ _ G"]
+    with pytest.raises(ValueError, match="cell_separator must be a string without a newline"):
+        FrozenLakeTextEnv(desc=MAP_4X4, cell_separator="\n")
+
+
 def test_solver_is_a_shortest_path():
     env = FrozenLakeTextEnv(desc=MAP_4X4)
     env.reset(seed=0)

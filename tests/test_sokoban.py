@@ -96,6 +96,17 @@ def test_text_round_trip_and_state_text_follows_grid():
     assert render_text(np.array([[WALL, BOX_ON_TARGET], [PLAYER_ON_TARGET, TARGET]])) == "#√\nSO"
 
 
+def test_cell_separator_puts_the_same_cells_apart_and_rejects_a_newline():
+    text = "######\n#S_X_#\n#√__O#\n#_X__#\n######"
+    env = make_env(cell_separator=" ")
+    obs, _ = env.reset(options={"level": SokobanLevel.from_text(text)})
+    assert obs.text.endswith("Current state:\n" + "\n".join(" ".join(row) for row in text.splitlines()))
+    assert np.array_equal(env.grid(), SokobanLevel.from_text(text).grid())  # only the text changes
+    for bad in ("\n", 3):
+        with pytest.raises(ValueError, match="cell_separator must be a string without a newline"):
+            make_env(cell_separator=bad)
+
+
 def test_invalid_levels_raise_with_a_reason():
     with pytest.raises(ValueError, match="border"):
         SokobanLevel.from_text("#####\n#P_XO\n#####")

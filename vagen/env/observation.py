@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from PIL import Image
 
@@ -32,3 +33,15 @@ class Observation:
         for index, image in enumerate(self.images):
             if not isinstance(image, Image.Image):
                 raise TypeError(f"Observation image {index} is {type(image).__name__}, expected a PIL image.")
+
+
+def check_cell_separator(separator: Any) -> str:
+    """The text a grid game writes between the cells of a row (`cell_separator`). "" is the compact grid; " "
+    gives each cell its own token, where byte-pair tokenizers merge runs such as "___" or "####" into one token
+    and hide which column a symbol is in. Rows end in newlines, so a separator may not hold one."""
+    if not isinstance(separator, str) or "\n" in separator:
+        raise ValueError(
+            f"cell_separator must be a string without a newline (rows end in newlines), got {separator!r}; "
+            "use '' for the compact grid or ' ' for one token per cell."
+        )
+    return separator
