@@ -174,7 +174,10 @@ class SokobanTextEnv(LanguageEnv):
         "Up", "Down", "Left", "Right", several per turn (see `LanguageEnv`).
     Observations:
         The grid as rows of `SYMBOLS`, derived from `grid()` (the visual variant renders `grid()` too), with
-        `cell_separator` between the cells of a row (see `check_cell_separator`).
+        `cell_separator` between the cells of a row (see `check_cell_separator`). With `list_positions`, a line
+        under the grid also lists the (row, col) of the player, every box and every target (`state_objects`):
+        a small language model copies numbers far more easily than it finds a symbol's column in a BPE-merged
+        row.
     Rewards:
         `step_penalty` per executed action (-0.1, gym-sokoban's), +1 for a box onto a target, -1 for a box off
         a target, +10 when all boxes are on targets. A push into a wall or a second box does nothing but still
@@ -202,6 +205,7 @@ class SokobanTextEnv(LanguageEnv):
         distance_shaping: float = 0.0,
         step_penalty: float = STEP_PENALTY,
         cell_separator: str = "",
+        list_positions: bool = False,
         **base_kwargs: Any,
     ) -> None:
         super().__init__(**base_kwargs)
@@ -212,6 +216,9 @@ class SokobanTextEnv(LanguageEnv):
             raise ValueError(f"distance_shaping must be >= 0 (0 = off), got {distance_shaping}.")
         self.distance_shaping = float(distance_shaping)
         self.cell_separator = check_cell_separator(cell_separator)
+        if not isinstance(list_positions, bool):
+            raise ValueError(f"list_positions must be true or false, got {list_positions!r}.")
+        self.list_positions = list_positions
         if len(dim_room) != 2 or min(dim_room) < 5:
             raise ValueError(f"dim_room must be (height, width) with both >= 5, got {dim_room!r}.")
         if num_boxes < 1:
@@ -356,7 +363,11 @@ class SokobanTextEnv(LanguageEnv):
         return grid
 
     def _state_text(self) -> str:
-        return render_text(self.grid(), self.cell_separator)
+        grid_text = render_text(self.grid(), self.cell_separator)
+        if not self.list_positions:
+            return grid_text
+        positions = "; ".join(f"{kind} ({row}, {col})" for kind, (row, col) in self.state_objects())
+        return f"{grid_text}\nPositions (row, col; row 0 is the top): {positions}."
 
     def _rules_text(self) -> str:
         legend = ", ".join(f"{SYMBOLS[code]} {TILE_NAMES[code]}" for code in SYMBOLS)

@@ -107,6 +107,24 @@ def test_cell_separator_puts_the_same_cells_apart_and_rejects_a_newline():
             make_env(cell_separator=bad)
 
 
+def test_list_positions_adds_a_line_of_coordinates_that_follows_the_moves():
+    text = "######\n#S_X_#\n#√__O#\n#_X__#\n######"
+    env = make_env(list_positions=True)
+    obs, _ = env.reset(options={"level": SokobanLevel.from_text(text)})
+    grid_text, positions = obs.text.split("Current state:\n")[1].rsplit("\n", 1)
+    assert grid_text == text
+    assert positions == (
+        "Positions (row, col; row 0 is the top): player (1, 1); box (1, 3); box (2, 1); box (3, 2); "
+        "target (1, 1); target (2, 1); target (2, 4)."
+    )
+    obs, *_ = env.step("<think>go</think><answer>Down</answer>")  # pushes the box on (2, 1) off its target
+    assert obs.text.endswith(
+        "player (2, 1); box (1, 3); box (3, 1); box (3, 2); target (1, 1); target (2, 1); target (2, 4)."
+    )
+    with pytest.raises(ValueError, match="list_positions must be true or false"):
+        make_env(list_positions="yes")
+
+
 def test_invalid_levels_raise_with_a_reason():
     with pytest.raises(ValueError, match="border"):
         SokobanLevel.from_text("#####\n#P_XO\n#####")
