@@ -3,7 +3,8 @@
 Options: configs/sft.yaml (the `sft:` block is `vagen.bootstrap.warmstart.WarmStartRecipe`), plus the env/ and model/
 groups of training. Writes `out` (a model folder usable as `model.path=`), its `report.json` with held-out success
 before and after SFT, and `configs/model/<sft.config_name>.yaml`, so `python scripts/train.py model=<name>`
-starts RL from it. With the defaults and `model=tiny_vl_random` it is the recipe of the shipped `tiny_vl`.
+starts RL from it. With the defaults and `model=tiny_vl_random` it is the recipe of the shipped `tiny_vl` (on a CPU with
+native bf16; elsewhere `sft.bf16=auto` trains in float32).
 """
 
 import sys
@@ -17,6 +18,7 @@ from vagen.bootstrap.warmstart import WarmStartRecipe, warm_start
 from vagen.env import make_env
 from vagen.eval.runner import load_env_config
 from vagen.models.lora import add_lora, lora_kwargs, require_peft, save_adapter
+from vagen.models.precision import native_bf16
 from vagen.models.processor import load_processor
 from vagen.models.registry import load_policy
 from vagen.trainer.config import check_model_reads_env, check_overrides
@@ -25,9 +27,14 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
 def recipe_of(cfg: DictConfig) -> WarmStartRecipe:
-    """The recipe the `sft:` block describes (size and base seed come from the model config)."""
+    """The recipe the `sft:` block describes (size and base seed come from the model config; `sft.bf16=auto` is bf16
+    where the CPU that SFT runs on computes it natively, see `vagen.models.precision`)."""
     names = {field.name for field in fields(WarmStartRecipe)} - {"size", "base_seed"}
     values = {name: value for name, value in OmegaConf.to_container(cfg.sft).items() if name in names}
+    if values["bf16"] == "auto":
+        values["bf16"] = native_bf16("cpu")
+    elif not isinstance(values["bf16"], bool):
+        raise ValueError(f"sft.bf16={values['bf16']!r} must be true, false or auto.")
     return WarmStartRecipe(size=str(cfg.model.size or "default"), **values)
 
 

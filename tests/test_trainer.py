@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -401,6 +402,19 @@ def test_the_first_on_policy_step_has_ratio_one(overrides, bf16):
     # Also under bf16: old and new log-probs come from the same autocast and mode (before the fix: 0.998..1.0014).
     assert abs(metrics["policy/ratio_max"] - 1) < 1e-5 and abs(metrics["policy/ratio_min"] - 1) < 1e-5
     assert metrics["policy/clipfrac"] == 0
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["avx512-bf16-cpu", "avx2-only-cpu"])
+def test_bf16_on_a_cpu_that_emulates_it_warns_with_the_fix(native, monkeypatch):
+    """trainer.bf16=true is honoured (it is also the memory plan's fix), but on a CPU without native bf16 the run says
+    that autocast is emulated there (17x slower per step, measured) and how to compute in float32."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = StarPOTrainer(config([*TEXT, "trainer.bf16=true", "device=cpu"]))
+    emulated = [str(w.message) for w in caught if "without native bf16" in str(w.message)]
+    assert trainer.cfg.trainer.bf16 is True
+    assert len(emulated) == (0 if native else 1) and all("Set trainer.bf16=false" in m for m in emulated)
 
 
 def test_after_a_reroll_everything_describes_the_batch_trained_on(monkeypatch):

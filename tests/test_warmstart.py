@@ -156,6 +156,20 @@ def test_sft_mask_covers_exactly_the_solver_responses(formatter):
     assert imitated.response_mask.sum() > batch.response_mask.sum()
 
 
+def test_an_all_noise_demonstrator_is_kept_only_when_imitated(formatter):
+    """noise_eps=1 plays random actions every turn: those demos teach nothing unless the noise is imitated, and then
+    they are a start that writes the format and the true think text but acts at random (`keep_all_noise`)."""
+    dropped = demonstrations(formatter, range(4), noise_eps=1.0)
+    kept = demo_module.demonstrations(make_sokoban_visual, formatter, range(4), 1.0, keep_all_noise=True)
+    assert dropped == [] and len(kept) == 4 and all(all(demo.noisy_turns) for demo in kept)
+    env = make_sokoban_visual()
+    for demo in kept:  # the think text is the state's (replayed from the seed), the answer a random one
+        env.reset(seed=demo.trajectory.seed)
+        for turn in demo.trajectory.turns:
+            assert turn.response_text.startswith(f"<think>{env.unwrapped.demo_reasoning()}</think><answer>")
+            env.step(turn.response_text)
+
+
 def test_demo_ids_are_what_the_rollout_would_build(formatter):
     """Each turn's context is the previous ids + close + the formatter's next prompt (the RL layout)."""
     demo = demonstrations(formatter, [5], noise_eps=0.0)[0]
@@ -225,7 +239,7 @@ def test_shipped_tiny_vl_is_the_current_recipe_and_plays_as_its_report_says(tmp_
     weights replay the report: greedy success on the report's held-out seeds within 3 of 128 episodes (CPU
     float reductions differ with the thread count, which can flip an episode or two)."""
     folder = build_warm_tiny_vl(cache_dir=tmp_path)  # the default recipe: no 25-minute build
-    assert folder.parent == SHIPPED_DIR, "the recipe changed: rebuild (scripts/sft.py with the defaults) and ship it"
+    assert folder.parent == SHIPPED_DIR, "the recipe changed: rebuild (scripts/sft.py sft.bf16=true) and ship it"
     assert not list(tmp_path.glob("warm-*"))
     report = read_report(folder)
     model, processor = load_tiny_vl(folder)
@@ -358,3 +372,32 @@ def test_sft_script_refuses_lora_with_vision_pretraining_before_loading_a_model(
         "sft.vision_steps=400 pre-trains the whole vision tower" in done.stderr and "sft.vision_steps=0" in done.stderr
     )
     assert {path.name for path in (tmp_path / "out").iterdir()} <= {"sft.log"}  # only Hydra's log
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["avx512-bf16-cpu", "avx2-only-cpu"])
+def test_sft_bf16_auto_is_bf16_only_where_the_cpu_computes_it(native, monkeypatch, formatter):
+    """`sft.bf16=auto` (the default) is bf16 on a CPU with native bf16 and float32 on one that emulates it (17x slower
+    per SFT step, measured); an explicit true there trains as asked but warns with the fix; anything else is refused."""
+    import importlib.util
+    import warnings
+
+    from hydra import compose, initialize_config_dir
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("sft_script", root / "scripts" / "sft.py")
+    sft_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sft_script)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+    with initialize_config_dir(config_dir=str(root / "configs"), version_base=None):
+        default, explicit, wrong = (compose("sft", overrides=o) for o in ([], ["sft.bf16=true"], ["sft.bf16=yes"]))
+    assert default.sft.bf16 == "auto" and sft_script.recipe_of(default).bf16 is native
+    assert sft_script.recipe_of(explicit).bf16 is True
+    with pytest.raises(ValueError, match=r"sft\.bf16='yes' must be true, false or auto"):
+        sft_script.recipe_of(wrong)
+    model, processor = load_tiny_vl(build_tiny_vl(size="test"))  # a private copy: the module fixture stays untrained
+    demos = demonstrations(formatter, range(2), noise_eps=0.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train_sft(model, processor, demos, replace(TEST_RECIPE, steps=1, bf16=True))
+    emulated = [str(w.message) for w in caught if "without native bf16" in str(w.message)]
+    assert emulated == ([] if native else [emulated[0]]) and (native or "Set sft.bf16=false" in emulated[0])

@@ -107,12 +107,14 @@ def demonstrations(
     noise_eps: float,
     seed: int = 0,
     name: str = "env",
+    keep_all_noise: bool = False,
 ) -> list[Demo]:
-    """Noisy-solver demos for `seeds`; demos whose every turn was noise (or that never started) are dropped."""
+    """Noisy-solver demos for `seeds`; demos that never started are dropped, and so are those whose every turn was
+    noise unless `keep_all_noise` (a demonstrator that imitates its noise learns from those too)."""
     env, rng = make_env(), np.random.default_rng(seed)
     demos = [play_demo(env, formatter, s, noise_eps, rng, name) for s in seeds]
     env.close()
-    return [demo for demo in demos if demo.trajectory.turns and not all(demo.noisy_turns)]
+    return [demo for demo in demos if demo.trajectory.turns and (keep_all_noise or not all(demo.noisy_turns))]
 
 
 def sft_batch(demos: list[Demo], pad_token_id: int, imitate_noise: bool = False) -> TokenBatch:

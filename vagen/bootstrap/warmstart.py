@@ -20,6 +20,7 @@ import contextlib
 import json
 import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from vagen.engines.hf import HFEngine
 from vagen.env import make_env
 from vagen.env.policies import POLICIES, RELATIVE_DIRECTIONS, relative_direction
 from vagen.models.cache import build_once, cache_root, read_stamp
+from vagen.models.precision import emulated_bf16_warning
 from vagen.models.processor import save_processor
 from vagen.rollout import DialogueFormatter, RolloutSpec, collect_rollouts
 from vagen.rollout.batch import TokenBatch
@@ -90,7 +92,7 @@ class WarmStartRecipe:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     seed: int = 0  # data order, noise and dropout
-    bf16: bool = True  # bf16 autocast for the training forward passes (CPU AMX or GPU)
+    bf16: bool = True  # bf16 autocast for the training forward passes (fast on GPUs and AVX512-BF16/AMX CPUs only)
     vision_steps: int = 400  # image-only pre-training steps of the vision tower (`pretrain_vision`)
     vision_batch_size: int = 64  # images per vision pre-training step
     vision_lr: float = 3e-3
@@ -281,6 +283,9 @@ def train_sft(
     """
     if not demos:
         raise ValueError("No demonstrations to train on; raise train_episodes.")
+    emulated = recipe.bf16 and emulated_bf16_warning("sft.bf16", next(model.parameters()).device)
+    if emulated:
+        warnings.warn(emulated, stacklevel=2)
     generator = np.random.default_rng(recipe.seed)
     was_trainable = [p.requires_grad for p in model.parameters()]  # before sft_parameter_groups freezes the vision
     optimizer = torch.optim.AdamW(sft_parameter_groups(model, recipe), lr=recipe.lr, weight_decay=recipe.weight_decay)
@@ -447,7 +452,9 @@ def warm_start(
     demos = [
         demo
         for name, game in games.items()
-        for demo in demonstrations(game, formatter, episodes, recipe.noise_eps, recipe.seed, name)
+        for demo in demonstrations(
+            game, formatter, episodes, recipe.noise_eps, recipe.seed, name, keep_all_noise=recipe.imitate_noise
+        )
     ]
     seconds["demos"] = lap()
     vision_steps = recipe.vision_steps if image_processor is not None else 0

@@ -35,6 +35,7 @@ from vagen.engines.base import derive_seed
 from vagen.env import make_env
 from vagen.models.checkpointing import enable_gradient_checkpointing, recomputing
 from vagen.models.lora import adapters_disabled, add_lora, lora_kwargs, merged_state_dict
+from vagen.models.precision import emulated_bf16_warning
 from vagen.models.registry import load_policy, load_processing
 from vagen.models.value import ValueModel
 from vagen.rollout import (
@@ -108,6 +109,9 @@ class StarPOTrainer(IterationLoop):
         seed_everything(cfg.seed)
         device = "cuda" if cfg.device == "auto" and torch.cuda.is_available() else cfg.device
         device = "cpu" if device == "auto" else device
+        emulated = cfg.trainer.bf16 and emulated_bf16_warning("trainer.bf16", device)
+        if emulated:
+            warnings.warn(emulated, stacklevel=2)
         # Before minutes of loading end in an out-of-memory error: refuse a run that cannot fit, or lower its
         # micro-batch size where that alone makes it fit.
         self.memory_plan = plan_run(cfg, self.prompt_tokens, device) if cfg.trainer.memory_check else None
