@@ -1,0 +1,98 @@
+"""The teacher-forced first-move probe: optimal moves from the solver, preferences equal to full forwards, the
+summary and paired change on a worked example, and scripts/move_probe.py end to end."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vagen.bootstrap.tiny import build_tiny_vl, load_tiny_vl
+from vagen.bootstrap.warmstart import make_sokoban_visual
+from vagen.diagnostics.scoring import Reasoning, ScoringJob, ScoringPrompt, naive_cross_scores
+from vagen.eval.move_probe import (
+    move_preferences,
+    optimal_first_actions,
+    optimal_mass,
+    paired_mass_change,
+    probe_states,
+    probe_summary,
+)
+from vagen.rollout import DialogueFormatter
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_solvers_first_move_is_optimal_and_a_move_into_a_wall_never_is():
+    env = make_sokoban_visual()
+    for seed in range(12):
+        optimal = optimal_first_actions(env, seed)
+        env.reset(seed=seed)
+        game = env.unwrapped
+        plan = game.solver_actions()
+        assert optimal[game.action_names.index(plan[0])]
+        for index, action in enumerate(game.action_names):
+            env.reset(seed=seed)
+            before = game.current_level().player
+            env.step(f"<think>x</think><answer>{action}</answer>")
+            if game.current_level().player == before:  # the move did nothing: the plan cannot be shorter
+                assert not optimal[index], (seed, action)
+
+
+def test_preferences_are_the_softmax_of_full_forward_scores():
+    model, processor = load_tiny_vl(build_tiny_vl(size="test"))
+    formatter = DialogueFormatter(processor.tokenizer, processor.image_processor)
+    states = probe_states(make_sokoban_visual, formatter, [1_000_000_000, 1_000_000_001])
+    preferences = move_preferences(model, processor, states)
+    assert preferences.shape == (2, 4) and np.allclose(preferences.sum(axis=1), 1.0)
+    for state, row in zip(states, preferences, strict=True):
+        job = ScoringJob(
+            [ScoringPrompt(state.prompt_ids, state.images, 0)],
+            [Reasoning(ids, (0, len(ids)), 0) for ids in state.responses],
+        )
+        naive, _ = naive_cross_scores(model, processor, job)
+        assert np.allclose(row, torch.softmax(naive[:, 0].double(), dim=0).numpy(), atol=1e-4)
+        texts = [processor.tokenizer.decode(ids) for ids in state.responses]
+        assert all(
+            text.endswith(f"<answer>{action}</answer>")
+            for text, action in zip(texts, ("Up", "Down", "Left", "Right"), strict=True)
+        )
+
+
+def test_summary_and_paired_change_on_a_worked_example():
+    optimal = np.array([[True, False, False, False], [False, True, True, False]])
+    before = np.full((2, 4), 0.25)
+    after = np.array([[0.7, 0.1, 0.1, 0.1], [0.4, 0.3, 0.2, 0.1]])
+    assert optimal_mass(after, optimal).tolist() == pytest.approx([0.7, 0.5])
+    summary = probe_summary(after, optimal)
+    assert summary == pytest.approx({"optimal_mass": 0.6, "top_move_optimal": 0.5, "chance": 0.375, "states": 2})
+    change, low, high, count = paired_mass_change([7, 9], before, after, optimal)
+    # per-state changes +0.45 and 0.0: mean 0.225, sd 0.318, half-width 1.96 * 0.318 / sqrt(2)
+    assert (change, count) == (pytest.approx(0.225), 2) and high - change == pytest.approx(1.96 * 0.45 / 2, rel=1e-3)
+    assert low == pytest.approx(2 * change - high)
+
+
+def test_script_prints_and_writes_each_models_probe_and_refuses_what_it_cannot_probe(tmp_path):
+    command = [sys.executable, str(ROOT / "scripts" / "move_probe.py"), "tiny_vl_test", "tiny_vl_warm_test"]
+    done = subprocess.run([*command, "--states", "6", "--json", str(tmp_path / "probe.json")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads((tmp_path / "probe.json").read_text())
+    first, second = results["tiny_vl_test"], results["tiny_vl_warm_test"]
+    assert first["states"] == second["states"] > 0 and first["chance"] == second["chance"]
+    assert second["change_vs_first"] == pytest.approx(second["optimal_mass"] - first["optimal_mass"])
+    assert second["change_ci"][0] <= second["change_vs_first"] <= second["change_ci"][1]
+    assert (
+        "tiny_vl_warm_test: mass on optimal first moves" in done.stdout
+        and "paired change vs tiny_vl_test" in done.stdout
+    )
+    for bad, message in (
+        (["solver"], "built-in policy"),
+        (["tiny_vl_test", "--env", "bandit_text"], "has no demonstration reasoning"),
+    ):
+        refused = subprocess.run([sys.executable, str(ROOT / "scripts" / "move_probe.py"), *bad],
+                                 capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
+        assert refused.returncode == 2 and message in refused.stderr and "Traceback" not in refused.stderr
