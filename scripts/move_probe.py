@@ -1,4 +1,4 @@
-"""Which first move each model prefers on the same held-out states, teacher-forced (vagen/eval/move_probe.py).
+"""Which first move each model prefers on the same held-out states, teacher-forced (vagen/rollout/move_probe.py).
 
     python scripts/move_probe.py tiny_vl outputs/runs/<run> [more models] [--env sokoban_visual] [--states 256]
                                  [--json FILE]
@@ -21,11 +21,13 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from vagen.diagnostics.move_preference import move_preferences, optimal_mass, probe_summary
 from vagen.env import make_env
+from vagen.eval import paired_change
 from vagen.eval.models import load_local_policy, resolve_models
-from vagen.eval.move_probe import check_probeable, move_preferences, paired_mass_change, probe_states, probe_summary
 from vagen.eval.runner import incompatibility, load_env_config
 from vagen.rollout import DialogueFormatter
+from vagen.rollout.move_probe import check_probeable, probe_states
 from vagen.rollout.validation import eval_seeds
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -66,16 +68,16 @@ def main(argv: list[str] | None = None) -> None:
         optimal = np.array([state.optimal for state in states])
         preferences = move_preferences(policy.model, policy.image_processor or policy.tokenizer, states)
         summary = probe_summary(preferences, optimal)
-        seeds = [state.seed for state in states]
+        masses = dict(zip((state.seed for state in states), optimal_mass(preferences, optimal), strict=True))
         line = (
             f"{spec.label}: mass on optimal first moves {summary['optimal_mass']:.3f}, preferred move optimal "
-            f"{summary['top_move_optimal']:.1%} (chance {summary['chance']:.3f}; {len(states)} states)"
+            f"{summary['top_optimal']:.1%} (chance {summary['chance']:.3f}; {len(states)} states)"
         )
         if first is None:
-            first = (spec.label, seeds, preferences)
+            first = (spec.label, masses)
         else:
-            assert seeds == first[1], "every model reads the same states"
-            change, low, high, _ = paired_mass_change(seeds, first[2], preferences, optimal)
+            assert masses.keys() == first[1].keys(), "every model reads the same states"
+            change, low, high, _ = paired_change(first[1], masses)
             summary |= {"change_vs_first": change, "change_ci": [low, high]}
             line += f"; paired change vs {first[0]}: {change:+.3f} [{low:+.3f}, {high:+.3f}]"
         print(line, flush=True)

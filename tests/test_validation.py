@@ -6,8 +6,10 @@ import pytest
 from omegaconf import OmegaConf
 from test_trainer import TEXT, VISUAL, config
 
+from vagen.env import make_env
+from vagen.rollout.move_probe import optimal_first_actions
 from vagen.rollout.validation import EVAL_SEED_BASE, eval_seeds, wilson_interval
-from vagen.trainer.run import train
+from vagen.trainer.run import held_out_line, train
 from vagen.trainer.starpo import SEED_STRIDE, StarPOTrainer
 
 
@@ -37,6 +39,32 @@ def test_validation_is_deterministic_and_does_not_move_the_training_cursor():
     assert first["val/episodes"] == 12 and trainer.seed_cursor == cursor
     low, high = wilson_interval(round(first["val/success"] * 12), 12)
     assert (first["val/success_ci_low"], first["val/success_ci_high"]) == (low, high)
+
+
+def test_validation_scores_the_first_move_probe_where_the_game_has_a_solver():
+    """sokoban_visual: `val/` also holds the teacher-forced first-move probe on the held-out starts of the validation
+    seeds (deterministic, read from the live weights: it changes after an update); off with trainer.eval_move_probe."""
+    trainer = StarPOTrainer(config([*VISUAL, "trainer.eval_episodes=6"]))
+    first, second = trainer.validate(), trainer.validate()
+    probe = {key: value for key, value in first.items() if key.startswith("val/move_")}
+    assert set(probe) == {"val/move_optimal_mass", "val/move_top_optimal", "val/move_chance", "val/move_states"}
+    assert probe == {key: value for key, value in second.items() if key.startswith("val/move_")}
+    env = make_env(trainer.cfg.env.id, **trainer.cfg.env.kwargs)
+    optimal = [o for o in (optimal_first_actions(env, seed) for seed in eval_seeds(6)) if o is not None]
+    assert probe["val/move_states"] == len(optimal) > 0
+    assert probe["val/move_chance"] == pytest.approx(sum(sum(o) / len(o) for o in optimal) / len(optimal))
+    assert 0 <= probe["val/move_optimal_mass"] <= 1 and 0 <= probe["val/move_top_optimal"] <= 1
+    trainer.train_iteration()
+    assert trainer.validate()["val/move_optimal_mass"] != probe["val/move_optimal_mass"]
+    off = StarPOTrainer(config([*VISUAL, "trainer.eval_episodes=2", "trainer.eval_move_probe=false"])).validate()
+    assert not any(key.startswith("val/move_") for key in off)
+
+
+def test_held_out_line_adds_the_probe_where_both_validations_have_it():
+    start, end = {"val/success": 0.637, "val/episodes": 256.0}, {"val/success": 0.641, "val/episodes": 256.0}
+    assert held_out_line(start, end) == "held-out success 63.7% -> 64.1% (256 episodes)"
+    start, end = start | {"val/move_optimal_mass": 0.714}, end | {"val/move_optimal_mass": 0.7251}
+    assert held_out_line(start, end).endswith("(256 episodes); mass on optimal first moves 0.714 -> 0.725")
 
 
 def test_run_validates_at_start_every_k_and_end_and_prints_the_held_out_line(tmp_path, capsys):

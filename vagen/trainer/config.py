@@ -184,7 +184,7 @@ def validate_config(cfg: Any) -> None:
     if rollout.max_new_tokens >= rollout.max_context_tokens:
         raise ValueError("rollout.max_new_tokens must be smaller than rollout.max_context_tokens.")
     check_model_reads_env(cfg)
-    for key in ("trainer.gradient_checkpointing", "trainer.memory_check", "trainer.bf16"):
+    for key in ("trainer.gradient_checkpointing", "trainer.memory_check", "trainer.bf16", "trainer.eval_move_probe"):
         if not isinstance(OmegaConf.select(cfg, key), bool):
             raise ValueError(f"{key}={OmegaConf.select(cfg, key)!r} must be true or false.")
     if trainer.lora.enabled and trainer.lora.dropout > 0:

@@ -76,20 +76,29 @@ def save_segment_config(cfg: DictConfig, run_dir: Path, iteration: int) -> Path:
     return path
 
 
+def _probe_text(val: dict[str, float]) -> str:
+    return f"mass on optimal first moves {val['val/move_optimal_mass']:.3f}"
+
+
 def held_out_line(first: dict[str, float], last: dict[str, float]) -> str:
-    """`held-out success 44.9% -> 61.3% (256 episodes)`, from two `val/` metric dicts."""
-    return (
+    """`held-out success 44.9% -> 61.3% (256 episodes); mass on optimal first moves 0.714 -> 0.725`, from two `val/`
+    metric dicts (the probe's part where both have it)."""
+    line = (
         f"held-out success {first['val/success']:.1%} -> {last['val/success']:.1%} "
         f"({last['val/episodes']:.0f} episodes)"
     )
+    if "val/move_optimal_mass" in first and "val/move_optimal_mass" in last:
+        line += f"; {_probe_text(first)} -> {last['val/move_optimal_mass']:.3f}"
+    return line
 
 
 def _validation_line(iteration: int, val: dict[str, float]) -> str:
-    return (
+    line = (
         f"iteration {iteration}: held-out success {val['val/success']:.1%} "
         f"[{val['val/success_ci_low']:.1%}, {val['val/success_ci_high']:.1%}], "
         f"format-ok {val['val/format_ok']:.1%}, turns {val['val/turns']:.2f} ({val['val/episodes']:.0f} episodes)"
     )
+    return f"{line}, {_probe_text(val)}" if "val/move_optimal_mass" in val else line
 
 
 def _timed_validation(trainer: IterationLoop) -> dict[str, float]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from omegaconf import DictConfig
 
@@ -30,6 +31,7 @@ from vagen.algos.losses import (
     policy_loss,
     value_loss,
 )
+from vagen.diagnostics.move_preference import move_preferences, probe_summary
 from vagen.engines import EngineSource, build_engine
 from vagen.engines.base import derive_seed
 from vagen.env import make_env
@@ -46,7 +48,8 @@ from vagen.rollout import (
     collect_rollouts,
     trajectories_to_batch,
 )
-from vagen.rollout.validation import validation_episodes, validation_metrics
+from vagen.rollout.move_probe import ProbeState, check_probeable, probe_states
+from vagen.rollout.validation import eval_seeds, validation_episodes, validation_metrics
 from vagen.trainer.checkpoint import load_checkpoint, save_checkpoint
 from vagen.trainer.config import check_prompt_fits, validate_config
 from vagen.trainer.data_parallel import DataParallel
@@ -158,6 +161,7 @@ class StarPOTrainer(IterationLoop):
             else:
                 self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.optimizers, self.schedulers = self._optimizers()
+        self.probe_states: list[ProbeState] | None = None  # the first-move probe's held-out starts, built once
 
     # ---- construction --------------------------------------------------------------------
     def _optimizers(self) -> tuple[dict, dict]:
@@ -209,7 +213,26 @@ class StarPOTrainer(IterationLoop):
 
     def validate(self) -> dict[str, float]:
         """`val/` metrics: the current policy on `trainer.eval_episodes` fixed held-out seeds (deterministic)."""
-        return validation_metrics(self.validation_episodes(range(self.cfg.trainer.eval_episodes)))
+        return validation_metrics(self.validation_episodes(range(self.cfg.trainer.eval_episodes))) | self.move_probe()
+
+    def move_probe(self) -> dict[str, float]:
+        """`val/move_*`: the first-move probe on the held-out starts of the validation seeds (`trainer.eval_move_probe`;
+        nothing for a game without a solver or demonstration reasoning)."""
+        if not self.cfg.trainer.eval_move_probe:
+            return {}
+        if self.probe_states is None:
+            make = lambda: make_env(self.cfg.env.id, **self.cfg.env.kwargs)
+            try:
+                check_probeable(make())
+            except ValueError:
+                self.probe_states = []
+            else:
+                self.probe_states = probe_states(make, self.formatter, eval_seeds(self.cfg.trainer.eval_episodes))
+        if not self.probe_states:
+            return {}
+        preferences = move_preferences(self.model, self.policy.processor, self.probe_states)
+        summary = probe_summary(preferences, np.array([state.optimal for state in self.probe_states]))
+        return {f"val/move_{name}": value for name, value in summary.items()}
 
     def validation_episodes(self, episodes: range) -> list[Trajectory]:
         """Play held-out episodes `episodes` (all of them, or a worker's share) with the evaluator's sampling."""

@@ -105,6 +105,9 @@ class TrainerWorker:
     def validation_episodes(self, start: int, stop: int) -> list[Trajectory]:
         return self.trainer.validation_episodes(range(start, stop))
 
+    def move_probe(self) -> dict[str, float]:
+        return self.trainer.move_probe()
+
     def save(self, state: dict[str, Any], keep_last: int) -> str:
         self.trainer.load_state(state)  # the driver's loop state goes into the checkpoint
         return str(self.trainer.save(keep_last))
@@ -254,7 +257,8 @@ class RayTrainer(IterationLoop):
     def validate(self) -> dict[str, float]:
         shares = contiguous_shares(self.cfg.trainer.eval_episodes, len(self.workers))
         refs = [w.validation_episodes.remote(s.start, s.stop) for w, s in zip(self.workers, shares, strict=True)]
-        return validation_metrics([trajectory for part in self._call("validation", refs) for trajectory in part])
+        episodes = [trajectory for part in self._call("validation", refs) for trajectory in part]
+        return validation_metrics(episodes) | self._call("validation", [self.workers[0].move_probe.remote()])[0]
 
     def save(self, keep_last: int) -> Path:
         return Path(self._call("checkpoint", [self.workers[0].save.remote(self.state(), keep_last)])[0])
