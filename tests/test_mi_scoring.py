@@ -251,8 +251,10 @@ def test_image_probe_reuses_cross_scores_exactly(tiny_vl):
     scores, _ = cross_scores(model, processor, job)
     full = image_probe(model, processor, job, micro_batch=3)
     reused = image_probe(model, processor, job, micro_batch=3, scores=scores)
+    # The scores are sums of hundreds of log-probs (|score| ~ 450, where one float32 ulp is 3e-5), computed in
+    # differently composed batches: equal up to summation order, so the tolerance is relative.
     for name in ("visual_scores", "matched", "blank"):
-        torch.testing.assert_close(getattr(reused, name), getattr(full, name), atol=1e-5, rtol=0)
+        torch.testing.assert_close(getattr(reused, name), getattr(full, name), atol=1e-5, rtol=1e-6)
 
 
 def test_image_probe_keeps_to_one_image_signature(tiny_vl):
