@@ -14,8 +14,9 @@ from vagen.bootstrap.tiny import build_tiny_vl, load_tiny_vl
 from vagen.bootstrap.warmstart import make_sokoban_visual
 from vagen.diagnostics.move_preference import move_preferences, optimal_mass, probe_summary
 from vagen.diagnostics.scoring import Reasoning, ScoringJob, ScoringPrompt, naive_cross_scores
+from vagen.env import make_env
 from vagen.rollout import DialogueFormatter
-from vagen.rollout.move_probe import optimal_first_actions, probe_states
+from vagen.rollout.move_probe import check_probeable, optimal_first_actions, probe_states
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,6 +35,12 @@ def test_the_solvers_first_move_is_optimal_and_a_move_into_a_wall_never_is():
             env.step(f"<think>x</think><answer>{action}</answer>")
             if game.current_level().player == before:  # the move did nothing: the plan cannot be shorter
                 assert not optimal[index], (seed, action)
+
+
+def test_slippery_ice_is_refused_with_the_fix():
+    check_probeable(make_env("vagen/FrozenLake-v0", observation="image"))
+    with pytest.raises(ValueError, match=r"success_rate=0.8.*env.kwargs.success_rate=1.0"):
+        check_probeable(make_env("vagen/FrozenLake-v0", observation="image", success_rate=0.8))
 
 
 def test_preferences_are_the_softmax_of_full_forward_scores():

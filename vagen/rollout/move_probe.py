@@ -7,7 +7,7 @@ every action of the game, the response a demonstration would give there with tha
 the game's demonstration reasoning, then the action, in the env's response format). Scored under a policy, the
 softmax over those responses is its preference among first moves given a correct reading of the state, and the
 solver says which moves are optimal (they shorten its fewest-moves plan by one, or solve). Games need
-`solver_actions()` and `demo_reasoning()`.
+`solver_actions()`, `demo_reasoning()` and deterministic moves (not slippery FrozenLake).
 """
 
 from __future__ import annotations
@@ -43,6 +43,11 @@ def check_probeable(env: gymnasium.Env) -> None:
     except NotImplementedError as missing:
         raise ValueError(f"{missing} The first-move probe needs the game's optimal moves and its demonstration's "
                          "reading of the state (Sokoban and FrozenLake have both).") from None  # fmt: skip
+    # Optimality is read off the state one step leads to; on slippery ice that state is one random draw.
+    if getattr(env.unwrapped, "success_rate", 1.0) < 1.0:
+        raise ValueError(f"success_rate={env.unwrapped.success_rate:g}: moves slip at random, so one step does not "
+                         "say whether a move is optimal. The first-move probe needs deterministic moves "
+                         "(env.kwargs.success_rate=1.0).")  # fmt: skip
 
 
 def optimal_first_actions(env: gymnasium.Env, seed: int) -> list[bool] | None:
