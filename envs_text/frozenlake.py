@@ -266,6 +266,10 @@ class FrozenLakeTextEnv(LanguageEnv):
         goal = next((r, row.index("G")) for r, row in enumerate(self.desc) if "G" in row)
         return [tuple(self.player), goal]
 
+    def state_key(self) -> tuple[int, int]:
+        """The player's cell: the map never changes within an episode."""
+        return tuple(self.player)
+
     def state_objects(self) -> list[tuple[str, tuple[int, int]]]:
         """Player, goal and every hole, in (row, col); only the holes next to the player must be described."""
         kinds = {"G": "goal", "H": "hole"}

@@ -285,6 +285,11 @@ class NavigationTextEnv(LanguageEnv):
         """The player and the target object."""
         return [tuple(self.player), self.target_cell()]
 
+    def state_key(self) -> Cell:
+        """The player's cell: the room never changes (the player has no heading here). Like the turn index, the
+        steps taken are left out, as GiGPO's anchor states leave out the time left."""
+        return tuple(self.player)
+
     def state_objects(self) -> list[tuple[str, Cell]]:
         """("player", cell) first, then every object as ("green ball", cell) in legend order; walls are not listed."""
         room = self._require_room()

@@ -336,6 +336,10 @@ class SokobanTextEnv(LanguageEnv):
         target = box if target is None else target
         return [tuple(int(v) for v in cell) for cell in (player, box, target)]
 
+    def state_key(self) -> tuple[int, tuple[int, ...]]:
+        """The player's cell and the sorted box cells (flat indices): the level's walls and targets never move."""
+        return self._player, tuple(sorted(self._boxes))
+
     def state_objects(self) -> list[tuple[str, tuple[int, int]]]:
         """Player, every box and every target (a box on a target is listed as both), in (row, col)."""
         grid = self.grid()

@@ -262,6 +262,10 @@ class SudokuTextEnv(LanguageEnv):
             "and the rest of that turn's actions are skipped."
         )
 
+    def state_key(self) -> bytes:
+        """The digits on the grid (the puzzle's solution is fixed by the level)."""
+        return self.digits.tobytes()
+
     def solve_order(self) -> list[tuple[int, int]]:
         """The blanks in the order a human would fill them: repeatedly the first blank (reading order)
         that has a single candidate once the earlier ones are filled, else the first blank."""

@@ -1,26 +1,31 @@
-"""Learning evidence: held-out success before and after StarPO training, per algorithm and training seed.
+"""Learning curves in episodes: held-out success against training episodes, per arm and training seed, resumable.
 
-    python scripts/bench_learning.py [algorithms=grpo,starpo_s] [seeds=0,1,2] [eval_episodes=256] [jobs=1]
-                                     [paired_samples=4] [out=outputs/bench_learning]
+    python scripts/bench_learning.py [arms=grpo,gigpo,starpo_s,gigpo_plr] [seeds=0,1,2] [episodes=10000]
+                                     [eval_at=0,1000,2500,5000,10000] [eval_episodes=256] [jobs=1]
+                                     [paired_samples=0] [out=outputs/bench_learning]
                                      [hydra overrides for scripts/train.py ...]
 
-Each (algorithm, seed) is one `scripts/train.py` run in `out/<algorithm>-seed<seed>` with the trainer's
-own held-out validation (`trainer.eval_every`, fixed evaluation seeds 1e9 + k that no run trains on,
-temperature `trainer.eval_temperature`): "before" is its validation at iteration 0, "after" its last.
-`jobs` runs that many trainings side by side, each on `cpu_threads / jobs` torch threads. Prints a
-before/after table with 95% Wilson intervals, writes it to `out/summary.md`, and draws every run's
-held-out curve into `out/val_curves.png`.
+An arm is a named set of `scripts/train.py` overrides (`ARMS` below: the algorithm presets, GiGPO with prioritised
+level replay, GRPO with the top-p filter); every other setting is the default's, plus the overrides given here. Each
+(arm, seed) is one run in `out/<arm>-seed<seed>`. The budget is in episodes: an iteration plays trainer.groups ×
+trainer.group_size episodes (64 by default), so `eval_at` = E becomes the iteration round(E / 64), and the runs are
+validated there, and only there, on `eval_episodes` fixed held-out seeds (1e9 + k, never trained on; the trainer's
+own validation with its first-move probe). Runs advance stage by stage (every run to 1,000 episodes, then every run
+to 2,500, ...), `jobs` side by side on `cpu_threads / jobs` torch threads each.
 
-That first table compares one sampled draw per seed before and after. Every run shares the same "before" draw
-(validation is deterministic), so its luck moves every run's change the same way: "every seed positive" can be
-that draw's doing. With `paired_samples=k` (0: skip), `scripts/evaluate.py` then plays the warm start and each
-run's last checkpoint k times on each of the same `eval_episodes` seeds (the runs' env, model and validation
-sampling) into `out/paired/`, and a second table gives each run's change paired by level with its 95% interval,
-and each algorithm's mean change over its training seeds, with its interval (`vagen.eval.paired_change`).
+Resume: rerun the same command. Each run checkpoints every iteration and continues its last complete checkpoint
+(`trainer.resume=auto`), so a killed benchmark loses at most one iteration per run; a stage a run has validated is
+never replayed. Prints, and writes to `out/summary.md`, a table per stage: each run's held-out success with its 95%
+Wilson interval, and each arm's mean over seeds, its change from episode 0 with a 95% interval (the seeds' pooled
+episodes against the shared start), and whether every seed gained. Draws `out/curves.png`: held-out success and the
+first-move probe against episodes, one line per arm (mean over seeds, 95% band). With `paired_samples=k` > 0, once
+every run has reached the last stage, `scripts/evaluate.py` replays the start and each run's last checkpoint k times
+per held-out seed for a second, paired-by-level table (`vagen.eval.paired_change`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import statistics
@@ -35,97 +40,162 @@ from omegaconf import DictConfig, OmegaConf
 from vagen.eval import CellStore, evaluate, outcomes_by_seed, paired_change
 from vagen.eval.runner import episode_seeds
 from vagen.logging import read_metrics
-from vagen.viz.plots import draw_held_out, new_figure, save_figure
+from vagen.viz.plots import new_figure, save_figure
 
 ROOT = Path(__file__).resolve().parent.parent
-COLOURS = ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown")
-LINESTYLES = ("-", "--", ":", "-.")
+COLOURS = ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:gray")
+ARMS = {
+    "grpo": ["algorithm=grpo"],
+    "gigpo": ["algorithm=gigpo"],
+    "starpo_s": ["algorithm=starpo_s"],
+    "ppo": ["algorithm=ppo"],
+    "gigpo_plr": ["algorithm=gigpo", "trainer.level_sampler=plr"],
+    "grpo_plr": ["algorithm=grpo", "trainer.level_sampler=plr"],
+    "grpo_top_p": ["algorithm=grpo", "filter=top_p"],
+}
+Z_95 = 1.959964
 
 
 def option(argv: list[str], name: str, default: str) -> str:
     return next((a.split("=", 1)[1] for a in argv if a.startswith(f"{name}=")), default)
 
 
-BENCH_ONLY_OVERRIDES = ("trainer.eval_episodes", "trainer.resume", "logger.wandb_mode", "logger.progress", "run_dir")
-
-
-def training_overrides(algorithm: str, seed: int, run_dir: Path, episodes: int, extra: list[str]) -> list[str]:
-    """The `scripts/train.py` overrides of one run: the algorithm preset and seed, plus only what a benchmark
-    must set (validation size, a fresh run folder, quiet logging); every training setting is the default's."""
+def training_overrides(arm: str, seed: int, run_dir: Path, iterations: int, episodes: int, extra: list[str]):
+    """The `scripts/train.py` overrides of one run up to `iterations`: the arm and seed, plus only what a benchmark
+    must set (validation size and place, a checkpoint each iteration, resume, quiet logging); these win over `extra`."""
     return [
-        f"algorithm={algorithm}",
+        *ARMS[arm],
+        *extra,
         f"seed={seed}",
+        f"trainer.iterations={iterations}",
         f"trainer.eval_episodes={episodes}",
-        "trainer.resume=never",
+        "trainer.eval_every=1000000000",  # validate at iteration 0 and at the stage's end only
+        "trainer.save_every=1",
+        "trainer.keep_checkpoints=1",
+        "trainer.resume=auto",
+        "trainer.viz_every=0",
         "logger.wandb_mode=disabled",
         "logger.progress=false",
         f"run_dir={run_dir}",
-        *extra,
     ]
 
 
-def train_run(algorithm: str, seed: int, run_dir: Path, episodes: int, threads: int, extra: list[str]) -> Path:
-    """One training run in a subprocess (its own torch threads), logging to run_dir/train.out."""
+def validated_at(run_dir: Path) -> dict[int, dict]:
+    """The run's validations by iteration (the last logged one wins: a resumed iteration replaces its record)."""
+    if not (run_dir / "metrics.jsonl").exists():
+        return {}
+    return {int(r["step"]): r for r in read_metrics(run_dir) if "val/success" in r}
+
+
+def train_run(arm: str, seed: int, run_dir: Path, iterations: int, episodes: int, threads: int, extra: list[str]):
+    """Bring one run to `iterations` (validated there) in a subprocess on its own torch threads; log to train.out."""
+    if iterations in validated_at(run_dir):
+        return
     run_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(ROOT / "scripts" / "train.py")]
-    command += training_overrides(algorithm, seed, run_dir, episodes, extra)
+    command += training_overrides(arm, seed, run_dir, iterations, episodes, extra)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    with open(run_dir / "train.out", "w") as log:
+    with open(run_dir / "train.out", "a") as log:
         subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, check=True, cwd=ROOT)
-    return run_dir
 
 
-def validations(records: list[dict], run_dir: Path) -> list[dict]:
-    """The records of a run that hold a validation, iteration 0 first."""
-    validated = [r for r in records if "val/success" in r]
-    if len(validated) < 2:
-        raise ValueError(f"{run_dir} has fewer than two validations; set trainer.eval_every > 0.")
-    return validated
+def episodes_per_iteration(extra: list[str]) -> int:
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        cfg = compose("train", overrides=extra)
+    return int(cfg.trainer.groups) * int(cfg.trainer.group_size)
+
+
+def arm_change(before: dict, afters: list[dict]) -> tuple[float, float, float, float]:
+    """Mean held-out success over seeds, and its change from the shared start with a 95% interval: the seeds'
+    pooled episodes (n·S) against the start's n (normal approximation of two proportions)."""
+    n_before = before["val/episodes"]
+    p_before = before["val/success"]
+    pooled = sum(r["val/success"] * r["val/episodes"] for r in afters) / sum(r["val/episodes"] for r in afters)
+    n_after = sum(r["val/episodes"] for r in afters)
+    half = Z_95 * math.sqrt(p_before * (1 - p_before) / n_before + pooled * (1 - pooled) / n_after)
+    change = pooled - p_before
+    return pooled, change, change - half, change + half
 
 
 def cell(record: dict) -> str:
-    """Held-out success with the 95% interval the trainer logged beside it."""
     return f"{record['val/success']:.1%} [{record['val/success_ci_low']:.1%}, {record['val/success_ci_high']:.1%}]"
 
 
-def summary(runs: dict[tuple[str, int], Path]) -> str:
-    lines = [
-        "| algorithm | seed | held-out before | held-out after | change | training minutes |",
-        "|---|---|---|---|---|---|",
-    ]
-    gains: dict[str, list[float]] = {}
-    for (algorithm, seed), run_dir in runs.items():
-        records = read_metrics(run_dir)
-        validated = validations(records, run_dir)
-        first, last = validated[0], validated[-1]
-        gain = last["val/success"] - first["val/success"]
-        gains.setdefault(algorithm, []).append(gain)
-        minutes = sum(r.get("perf/iteration_s", 0.0) for r in records) / 60  # training only, validation excluded
-        lines.append(f"| {algorithm} | {seed} | {cell(first)} | {cell(last)} | {gain * 100:+.1f} pts | {minutes:.1f} |")
-    lines += ["", "| algorithm | seeds | mean change | std over seeds | every seed positive |", "|---|---|---|---|---|"]
-    for algorithm, values in gains.items():
-        spread = statistics.stdev(values) if len(values) > 1 else 0.0
-        lines.append(
-            f"| {algorithm} | {len(values)} | {statistics.mean(values) * 100:+.1f} pts | {spread * 100:.1f} pts | "
-            f"{'yes' if all(v > 0 for v in values) else 'no'} |"
-        )
+def summary(runs: dict[tuple[str, int], Path], stages: list[int], per_iteration: int) -> str:
+    """One table per reached stage: each run's held-out success; each arm's mean, change and interval."""
+    lines = []
+    for iteration in stages:
+        validated = {key: validated_at(run_dir) for key, run_dir in runs.items()}
+        if not all(iteration in v for v in validated.values()):
+            continue
+        minutes = {
+            key: sum(r.get("perf/iteration_s", 0.0) for r in read_metrics(d) if r["step"] <= iteration) / 60
+            for key, d in runs.items()
+        }
+        lines += [
+            f"### {iteration * per_iteration} episodes (iteration {iteration})",
+            "",
+            "| arm | seed | held-out success [95% CI] | first-move mass | training minutes |",
+            "|---|---|---|---|---|",
+        ]
+        for (arm, seed), v in validated.items():
+            mass = v[iteration].get("val/move_optimal_mass", float("nan"))
+            lines.append(f"| {arm} | {seed} | {cell(v[iteration])} | {mass:.3f} | {minutes[arm, seed]:.1f} |")
+        if iteration > 0:
+            lines += [
+                "",
+                "| arm | seeds | mean success | change [95% CI] | every seed positive |",
+                "|---|---|---|---|---|",
+            ]
+            for arm in dict.fromkeys(a for a, _ in runs):
+                keys = [k for k in runs if k[0] == arm]
+                before = validated[keys[0]][0]
+                afters = [validated[k][iteration] for k in keys]
+                mean, change, low, high = arm_change(before, afters)
+                positive = all(validated[k][iteration]["val/success"] > validated[k][0]["val/success"] for k in keys)
+                lines.append(
+                    f"| {arm} | {len(keys)} | {mean:.1%} | {interval(change, low, high)} | "
+                    f"{'yes' if positive else 'no'} |"
+                )
+        lines.append("")
     return "\n".join(lines)
 
 
-def plot_curves(runs: dict[tuple[str, int], Path], path: Path) -> Path:
-    figure = new_figure(9, 5)
-    ax = figure.subplots()
-    algorithms = sorted({algorithm for algorithm, _ in runs})
-    seeds = sorted({seed for _, seed in runs})
-    for (algorithm, seed), run_dir in runs.items():
-        colour = COLOURS[algorithms.index(algorithm) % len(COLOURS)]
-        line = draw_held_out(ax, read_metrics(run_dir), label=f"{algorithm} seed {seed}", colour=colour)
-        line.set_linestyle(LINESTYLES[seeds.index(seed) % len(LINESTYLES)])  # one colour per algorithm, a dash per seed
-    ax.set_ylim(-0.03, 1.03)
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("held-out success (95% CI band)")
-    ax.legend(fontsize=8, ncols=2)
-    ax.set_title("Held-out success during training", loc="left")
+def mean_band(records: list[dict], key: str) -> tuple[float, float, float]:
+    values = [r[key] for r in records if key in r]
+    mean = statistics.mean(values)
+    if len(values) == 1 and key == "val/success":
+        return mean, records[0]["val/success_ci_low"], records[0]["val/success_ci_high"]
+    half = Z_95 * statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+    return mean, mean - half, mean + half
+
+
+def plot_curves(runs: dict[tuple[str, int], Path], per_iteration: int, path: Path) -> Path:
+    """Held-out success and first-move mass against training episodes: per arm the mean over seeds at every
+    iteration all its seeds validated, with a 95% band (over seeds; a single seed's Wilson interval)."""
+    figure = new_figure(12, 4.5)
+    success_ax, probe_ax = figure.subplots(1, 2)
+    for index, arm in enumerate(dict.fromkeys(a for a, _ in runs)):
+        colour = COLOURS[index % len(COLOURS)]
+        validated = [validated_at(d) for (a, _), d in runs.items() if a == arm]
+        common = sorted(set.intersection(*(set(v) for v in validated)))
+        if not common:
+            continue
+        episodes = [i * per_iteration for i in common]
+        for ax, key in ((success_ax, "val/success"), (probe_ax, "val/move_optimal_mass")):
+            if not all(key in v[i] for v in validated for i in common):
+                continue
+            bands = [mean_band([v[i] for v in validated], key) for i in common]
+            ax.fill_between(episodes, [b[1] for b in bands], [b[2] for b in bands], color=colour, alpha=0.15, lw=0)
+            label = f"{arm} ({len(validated)} seed{'s' if len(validated) > 1 else ''})"
+            ax.plot(episodes, [b[0] for b in bands], color=colour, marker="o", markersize=4, label=label)
+    success_ax.set_ylabel("held-out success (mean over seeds, 95% band)")
+    probe_ax.set_ylabel("mass on optimal first moves (probe)")
+    for ax in (success_ax, probe_ax):
+        ax.set_xlabel("training episodes")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    success_ax.set_title("Held-out success against training episodes", loc="left")
     return save_figure(figure, path)
 
 
@@ -175,7 +245,7 @@ def paired_summary(runs: dict[tuple[str, int], Path], samples: int, seeds: int, 
         f"Paired re-measurement: {seeds} held-out seeds x {samples} samples each, warm start "
         f"{base_row['success']:.1%} ({base_row['model']}, `{out_dir}`).",
         "",
-        "| algorithm | seed | after | paired change [95% CI] |",
+        "| arm | seed | after | paired change [95% CI] |",
         "|---|---|---|---|",
     ]
     after_by_algorithm: dict[str, list[dict[int, float]]] = {}
@@ -188,7 +258,7 @@ def paired_summary(runs: dict[tuple[str, int], Path], samples: int, seeds: int, 
         lines.append(f"| {algorithm} | {seed} | {row['success']:.1%} | {interval(mean, low, high)} |")
     lines += [
         "",
-        "| algorithm | training seeds | mean change [95% CI] | measurable gain | every run's interval above 0 |",
+        "| arm | training seeds | mean change [95% CI] | measurable gain | every run's interval above 0 |",
         "|---|---|---|---|---|",
     ]
     for algorithm, afters in after_by_algorithm.items():
@@ -203,28 +273,38 @@ def paired_summary(runs: dict[tuple[str, int], Path], samples: int, seeds: int, 
 
 
 def main(argv: list[str]) -> None:
-    algorithms = option(argv, "algorithms", "grpo,starpo_s").split(",")
+    arms = option(argv, "arms", "grpo,gigpo,starpo_s,gigpo_plr").split(",")
+    unknown = [arm for arm in arms if arm not in ARMS]
+    if unknown:
+        raise SystemExit(f"Unknown arms {unknown}; valid: {sorted(ARMS)}.")
     seeds = [int(s) for s in option(argv, "seeds", "0,1,2").split(",")]
+    budget = int(option(argv, "episodes", "10000"))
+    eval_at = [int(e) for e in option(argv, "eval_at", "0,1000,2500,5000,10000").split(",")]
     episodes = int(option(argv, "eval_episodes", "256"))
     jobs = int(option(argv, "jobs", "1"))
-    paired_samples = int(option(argv, "paired_samples", "4"))
+    paired_samples = int(option(argv, "paired_samples", "0"))
     if paired_samples < 0:
         raise SystemExit(f"paired_samples={paired_samples} must be >= 0 (0 skips the paired re-measurement).")
     out = Path(option(argv, "out", "outputs/bench_learning")).resolve()
-    own = ("algorithms", "seeds", "eval_episodes", "jobs", "paired_samples", "out")
+    own = ("arms", "seeds", "episodes", "eval_at", "eval_episodes", "jobs", "paired_samples", "out")
     overrides = [a for a in argv if a.split("=", 1)[0] not in own]
+    per_iteration = episodes_per_iteration(overrides)
+    stages = sorted({max(1, round(e / per_iteration)) for e in eval_at if 0 < e <= budget})
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    keys = [(algorithm, seed) for algorithm in algorithms for seed in seeds]
-    with ThreadPoolExecutor(jobs) as pool:
-        futures = {
-            key: pool.submit(train_run, key[0], key[1], out / f"{key[0]}-seed{key[1]}", episodes, threads, overrides)
-            for key in keys
-        }
-        runs = {key: future.result() for key, future in futures.items()}
-    table = summary(runs)
-    (out / "summary.md").write_text(table + "\n")
-    print(table)
-    print(f"\nval curves: {plot_curves(runs, out / 'val_curves.png')}")
+    runs = {(arm, seed): out / f"{arm}-seed{seed}" for arm in arms for seed in seeds}
+    print(f"{len(runs)} runs, stages at {[i * per_iteration for i in stages]} episodes; {out}", flush=True)
+    for iteration in stages:
+        with ThreadPoolExecutor(jobs) as pool:
+            futures = [
+                pool.submit(train_run, arm, seed, run_dir, iteration, episodes, threads, overrides)
+                for (arm, seed), run_dir in runs.items()
+            ]
+            for future in futures:
+                future.result()
+        table = summary(runs, [0, *stages], per_iteration)
+        (out / "summary.md").write_text(table + "\n")
+        print(table, flush=True)
+        print(f"curves: {plot_curves(runs, per_iteration, out / 'curves.png')}", flush=True)
     if paired_samples > 0:
         paired = paired_summary(runs, paired_samples, episodes, out / "paired")
         (out / "summary.md").write_text(f"{table}\n\n{paired}\n")

@@ -406,7 +406,7 @@ def test_masked_whiten_without_shift_keeps_signs():
 
 
 def test_registry_lists_every_estimator_and_rejects_unknown_names():
-    assert ADVANTAGE_ESTIMATORS.names() == ["bilevel_gae", "drgrpo", "gae", "grpo", "grpo_turn", "rloo"]
+    assert ADVANTAGE_ESTIMATORS.names() == ["bilevel_gae", "drgrpo", "gae", "gigpo", "grpo", "grpo_turn", "rloo"]
     with pytest.raises(ValueError, match=r"'ppo'.*bilevel_gae.*drgrpo.*gae.*grpo.*rloo"):
         ADVANTAGE_ESTIMATORS.get("ppo")
 

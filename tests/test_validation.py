@@ -97,19 +97,41 @@ def bench_learning():
 
 
 def test_bench_learning_trains_with_the_default_configs():
-    """bench_learning's runs differ from `scripts/train.py env=sokoban_visual algorithm=X` only in what a benchmark
-    must set (validation size, run folder, logging): its numbers are the defaults' numbers."""
+    """bench_learning's runs differ from `scripts/train.py env=sokoban_visual algorithm=X` only in the arm and in what a
+    benchmark must set (validation size and place, checkpoints, resume, logging): its numbers are the defaults'."""
     from pathlib import Path
 
     bench = bench_learning()
-    for algorithm in ("grpo", "starpo_s"):
-        overrides = bench.training_overrides(algorithm, 1, Path("/tmp/x"), 256, [])
-        assert {o.split("=")[0] for o in overrides} - {"algorithm", "seed"} == set(bench.BENCH_ONLY_OVERRIDES)
-        default, benched = config([f"algorithm={algorithm}", "seed=1"]), config(overrides)
+    bench_only = {"eval_episodes", "eval_every", "iterations", "save_every", "keep_checkpoints", "viz_every"}
+    for arm in ("grpo", "starpo_s", "gigpo_plr"):
+        overrides = bench.training_overrides(arm, 1, Path("/tmp/x"), 16, 256, [])
+        default, benched = config([*bench.ARMS[arm], "seed=1"]), config(overrides)
         for section in ("env", "model", "algorithm", "filter", "rollout", "diagnostics"):
             assert default[section] == benched[section], section
         differing = {key for key in default.trainer if default.trainer[key] != benched.trainer[key]}
-        assert differing == {"eval_episodes", "resume"}
+        assert differing == bench_only, differing
+
+
+def test_bench_learning_resumes_and_never_replays_a_validated_stage(tmp_path, monkeypatch):
+    """Budgets in episodes become iterations (4 episodes each here); a rerun with a larger budget continues each run
+    from its checkpoint (the earlier validation is kept as logged), and a rerun of a finished budget trains nothing."""
+    bench = bench_learning()
+    out = tmp_path / "bench"
+    args = ["arms=grpo,gigpo", "seeds=0", "eval_episodes=4", "out=" + str(out), *VISUAL]
+    bench.main([*args, "episodes=4", "eval_at=0,4"])
+    first = {arm: bench.validated_at(out / f"{arm}-seed0") for arm in ("grpo", "gigpo")}
+    assert all(sorted(v) == [0, 1] for v in first.values())
+    bench.main([*args, "episodes=8", "eval_at=0,4,8"])
+    for arm in ("grpo", "gigpo"):
+        run_dir = out / f"{arm}-seed0"
+        validated = bench.validated_at(run_dir)
+        assert sorted(validated) == [0, 1, 2] and validated[1] == first[arm][1]
+        assert (run_dir / "config.until_iter_000001.yaml").exists()  # the second segment resumed at iteration 1
+    assert "### 8 episodes (iteration 2)" in (out / "summary.md").read_text() and (out / "curves.png").exists()
+    calls = []
+    monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: calls.append(a))
+    bench.main([*args, "episodes=8", "eval_at=0,4,8"])
+    assert calls == []
 
 
 def test_bench_learning_pairs_each_run_with_the_warm_start_by_level(tmp_path):

@@ -28,6 +28,7 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AdvantageInputs",
     "AdvantageParams",
+    "anchor_group_stats",
     "masked_mean",
     "masked_var",
     "masked_whiten",
@@ -48,6 +49,8 @@ class AdvantageInputs:
     turn_ids: [B, T] long or None. Turn number of each sampled token (0, 1, ... in order; ignored where
         the mask is 0). None: each maximal run of sampled tokens is one turn, which is right whenever
         turns are separated by at least one observation/template token.
+    turn_states: [B, T] long or None. Anchor-state id of each sampled token's turn: turns with equal ids in one
+        group started from the same environment state (any turn index); -1 = no state key. Read by `gigpo`.
     """
 
     token_rewards: torch.Tensor
@@ -55,12 +58,13 @@ class AdvantageInputs:
     values: torch.Tensor | None = None
     group_index: torch.Tensor | None = None
     turn_ids: torch.Tensor | None = None
+    turn_states: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         shape = tuple(self.token_rewards.shape)
         if len(shape) != 2:
             raise ValueError(f"token_rewards must be [B, T], got shape {shape}; add a batch dimension.")
-        for name in ("response_mask", "values", "turn_ids"):
+        for name in ("response_mask", "values", "turn_ids", "turn_states"):
             tensor = getattr(self, name)
             if tensor is not None and tuple(tensor.shape) != shape:
                 raise ValueError(f"{name} has shape {tuple(tensor.shape)} but token_rewards has {shape}; align them.")
@@ -77,6 +81,8 @@ class AdvantageParams:
     eps: added to the group std in `grpo` so a zero-variance group gives advantage 0, not NaN.
     unbiased_std: `grpo` divides by the Bessel-corrected (N-1) group std, as torch.std and the
         published GRPO implementations do, so advantages match runs reported with them.
+    step_weight: ω of `gigpo`, the weight of the step-level advantage added to the episode-level one.
+    normalize_std: `gigpo` divides both levels by their group's std ("mean_std_norm"); False: "mean_norm".
     """
 
     gamma: float = 1.0
@@ -85,6 +91,8 @@ class AdvantageParams:
     lam_turn: float = 1.0
     eps: float = 1e-6
     unbiased_std: bool = True
+    step_weight: float = 1.0
+    normalize_std: bool = True
 
     def __post_init__(self) -> None:
         for name in ("gamma", "lam", "gamma_turn", "lam_turn"):
@@ -321,6 +329,21 @@ def grpo_turn(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.T
     per-move credit without a critic. A one-turn episode gets exactly `grpo`'s advantage.
     Returns (advantages, returns = advantages), [B, T] float32, 0 off the mask.
     """
+    to_go, played, buckets = _turn_returns_to_go(inputs, params.gamma_turn)
+    batch, slots = to_go.shape
+    _, group_of_row = torch.unique(_group_index(inputs, "grpo_turn"), return_inverse=True)
+    # One bucket per (group, turn): B groups at most, so no data-dependent size.
+    slot = group_of_row[:, None] * slots + torch.arange(slots, device=to_go.device)
+    turn_advantages = _normalise_within(to_go, played, slot, batch * slots, params, params.eps)
+    sampled = inputs.response_mask.bool()
+    advantages = turn_advantages.gather(1, buckets) * sampled
+    return advantages, advantages.clone()
+
+
+def _turn_returns_to_go(inputs: AdvantageInputs, gamma_turn: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per turn slot k of each row (K = T + 1 slots; the last is the spare bucket of mask-0 tokens):
+    G_k = Σ_{j≥k} γ_T^{j−k} R_j with R_j the sum of turn j's token rewards. Returns (G [B, K] float32,
+    played [B, K] bool: the row has a turn k, buckets [B, T]: each token's slot)."""
     sampled = inputs.response_mask.bool()
     rewards = inputs.token_rewards.float() * sampled
     batch, length = rewards.shape
@@ -329,28 +352,94 @@ def grpo_turn(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.T
     turn_rewards = torch.zeros(batch, length + 1, device=rewards.device).scatter_add(1, buckets, rewards)
     played = torch.zeros(batch, length + 1, device=rewards.device).scatter_add(1, buckets, sampled.float()) > 0
     played[:, length] = False  # the spare bucket is no turn
-    to_go = torch.zeros_like(turn_rewards)  # (B, K) with K = T + 1 turn slots
+    to_go = torch.zeros_like(turn_rewards)  # (B, K)
     running = torch.zeros(batch, device=rewards.device)
     for k in reversed(range(length + 1)):
-        running = turn_rewards[:, k] + params.gamma_turn * running
+        running = turn_rewards[:, k] + gamma_turn * running
         to_go[:, k] = running
-    _, group_of_row = torch.unique(_group_index(inputs, "grpo_turn"), return_inverse=True)
-    # One bucket per (group, turn): B groups at most, so no data-dependent size.
-    slot = (group_of_row[:, None] * (length + 1) + torch.arange(length + 1, device=rewards.device)).reshape(-1)
-    weight = played.reshape(-1).float()
-    values = to_go.reshape(-1) * weight
+    return to_go, played, buckets
 
-    def per_slot(x: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(batch * (length + 1), device=x.device).index_add(0, slot, x)[slot]
+
+def _normalise_within(
+    x: torch.Tensor, member: torch.Tensor, slot: torch.Tensor, slots: int, params: AdvantageParams, eps: float | None
+) -> torch.Tensor:
+    """(x − mean_s x) / (std_s x + eps) over the members of each slot s; eps None: x − mean_s x (no std division).
+
+    x: float, member: bool and slot: long in 0..slots−1, all of one shape. Non-members give 0 and do not count;
+    so does every member of a slot of one (nothing to compare with). std is Bessel-corrected when
+    params.unbiased_std. Returns x's shape, float32."""
+    flat_slot, weight = slot.reshape(-1), member.reshape(-1).float()
+    values = x.reshape(-1).float() * weight
+
+    def per_slot(v: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(slots, device=v.device).index_add(0, flat_slot, v)[flat_slot]
 
     counts = per_slot(weight)
     mean = per_slot(values) / counts.clamp(min=1.0)
-    squared_deviations = per_slot((values - mean) ** 2 * weight)
-    dof = counts - 1.0 if params.unbiased_std else counts
-    std = torch.sqrt(squared_deviations / dof.clamp(min=1.0))
-    turn_advantages = ((to_go.reshape(-1) - mean) / (std + params.eps) * weight).reshape(batch, length + 1)
-    advantages = turn_advantages.gather(1, buckets) * sampled
+    centred = (values - mean) * weight * (counts > 1)
+    if eps is not None:
+        dof = counts - 1.0 if params.unbiased_std else counts
+        std = torch.sqrt(per_slot(centred**2) / dof.clamp(min=1.0))
+        centred = centred / (std + eps)
+    return centred.reshape(x.shape)
+
+
+@ADVANTAGE_ESTIMATORS.register("gigpo")
+def gigpo(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """GiGPO (Feng et al. 2025, arXiv:2505.10978): episode-level plus step-level group-relative credit.
+
+    Episode level, over the rows of a group g (same initial state): A^E_i = (R_i − mean_g R) / F_g.
+    Step level: turn k of row i started from anchor state s = turn_states (equal ids: same group, same environment
+    state, at any turn index). Its discounted return-to-go G_ik = Σ_{j≥k} γ_T^{j−k} R_ij (γ_T = params.gamma_turn)
+    is compared with the other turns that started from s: A^S_ik = (G_ik − mean_{U_s} G) / F_s. An anchor group
+    of one (a state no other turn visited), or a turn without a state key (id −1), gets A^S = 0.
+    Every token of turn k gets A^E_i + ω·A^S_ik (ω = params.step_weight). F = std + eps when params.normalize_std
+    (Bessel-corrected std when params.unbiased_std), else 1. Without turn_states this is GRPO's episode level only.
+    Returns (advantages, returns = advantages), [B, T] float32, 0 off the mask.
+    """
+    sampled = inputs.response_mask.bool()
+    eps = params.eps if params.normalize_std else None
+    scores, mask = _trajectory_returns(inputs)
+    _, group_of_row = torch.unique(_group_index(inputs, "gigpo"), return_inverse=True)
+    episode = _normalise_within(scores, torch.ones_like(sampled[:, 0]), group_of_row, len(scores), params, eps)
+    advantages = episode[:, None] * mask
+    if inputs.turn_states is None:
+        return advantages, advantages.clone()
+    to_go, played, buckets = _turn_returns_to_go(inputs, params.gamma_turn)
+    batch, slots = to_go.shape
+    # Each turn's anchor id from its tokens (all tokens of a turn carry the same id); -1: no key.
+    states = torch.full((batch, slots), -1, dtype=torch.long, device=to_go.device)
+    states = states.scatter_reduce(1, buckets, torch.where(sampled, inputs.turn_states.long(), -1), reduce="amax")
+    keyed = played & (states >= 0)
+    _, anchor = torch.unique(torch.where(keyed, states, -1), return_inverse=True)  # dense ids, B·K slots at most
+    step = _normalise_within(to_go, keyed, anchor, batch * slots, params, eps)
+    advantages = advantages + params.step_weight * step.gather(1, buckets) * sampled
     return advantages, advantages.clone()
+
+
+def anchor_group_stats(turn_states: torch.Tensor, turn_ids: torch.Tensor, response_mask: torch.Tensor) -> dict:
+    """How much step-level credit a batch offers: `step_group_share`, the fraction of turns whose anchor state
+    another turn also started from (their step advantage can be non-zero), and `step_group_size`, the mean
+    number of turns per anchor state among the states that have a key. Tensors in (see `AdvantageInputs`),
+    0-d float tensors out; turns without a key count as turns that found no group."""
+    sampled = response_mask.bool()
+    buckets = _turn_buckets(turn_ids, sampled)
+    batch, length = turn_ids.shape
+    states = torch.full((batch, length + 1), -1, dtype=torch.long, device=turn_ids.device)
+    states = states.scatter_reduce(1, buckets, torch.where(sampled, turn_states.long(), -1), reduce="amax")
+    played = torch.zeros(batch, length + 1, device=turn_ids.device).scatter_add(1, buckets, sampled.float()) > 0
+    played[:, length] = False
+    turns = states[played]
+    keyed = turns[turns >= 0]
+    if len(keyed) == 0:
+        zero = torch.zeros(())
+        return {"step_group_share": zero, "step_group_size": zero}
+    _, inverse, counts = torch.unique(keyed, return_inverse=True, return_counts=True)
+    shared = (counts[inverse] > 1).float().sum()
+    return {
+        "step_group_share": shared / max(len(turns), 1),
+        "step_group_size": counts.float().mean(),
+    }
 
 
 @ADVANTAGE_ESTIMATORS.register("drgrpo")

@@ -9,6 +9,7 @@ penalty, turn counting, the `info` schema and how observations are composed.
 from __future__ import annotations
 
 import copy
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -226,6 +227,13 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
         """(row, col) of the things the demonstration reasoning is about, player first: the labels of the
         vision pre-training in supervised warm starts (each image tile learns their direction from it)."""
         raise NotImplementedError(f"{type(self).__name__} names no key cells.")
+
+    def state_key(self) -> Hashable | None:
+        """An exact, hashable identity of the current game state, equal exactly when two states of the same level
+        are the same (Sokoban: player and boxes); None when the game provides none. GiGPO's step-level credit
+        (`algorithm.advantage=gigpo`) groups the turns of one group that start from equal keys; it never compares
+        rendered text or pixels. Within one level (one reset seed) the key need not repeat the fixed layout."""
+        return None
 
     def state_objects(self) -> list[tuple[str, tuple[int, int]]]:
         """What is where on the board, as `(kind, (row, col))` pairs with the player first as

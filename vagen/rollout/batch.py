@@ -28,6 +28,8 @@ class TokenBatch:
     group_index    [B]    long   the group (initial state) of each dialogue
     returns        [B]    float  total reward of each dialogue
     images         B lists of PIL images, in the order their pad tokens appear
+    turn_states    [B, T] long   anchor-state id on sampled tokens: equal ids mean the same group and the same env
+                                `state_key()` at the start of the turn (any turn index); -1 without a key and elsewhere
 
     Training tensors, [B, T] float, None until the trainer computes them (`with_training_tensors`), so that
     `select` slices them together with the dialogue they belong to:
@@ -45,6 +47,7 @@ class TokenBatch:
     group_index: torch.Tensor
     returns: torch.Tensor
     images: list[list[Image.Image]]
+    turn_states: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
@@ -96,6 +99,8 @@ def trajectories_to_batch(trajectories: list[Trajectory], pad_token_id: int) -> 
     token_rewards = torch.zeros(size)
     turn_ids = torch.full(size, -1, dtype=torch.long)
     rollout_logprobs = torch.zeros(size)
+    turn_states = torch.full(size, -1, dtype=torch.long)
+    anchors: dict[tuple[int, object], int] = {}  # (group, state key) -> anchor-state id
     for b, (ids, mask, trajectory) in enumerate(rows):
         input_ids[b, : len(ids)] = torch.tensor(ids)
         attention_mask[b, : len(ids)] = 1
@@ -105,6 +110,8 @@ def trajectories_to_batch(trajectories: list[Trajectory], pad_token_id: int) -> 
             zip(trajectory.response_spans(), trajectory.turns, strict=True)
         ):
             turn_ids[b, start:end] = turn_index
+            if turn.state_key is not None:
+                turn_states[b, start:end] = anchors.setdefault((trajectory.group_id, turn.state_key), len(anchors))
             rollout_logprobs[b, start:end] = torch.tensor(turn.response_logprobs, dtype=torch.float)
             if end > start:
                 last_sampled = end - 1
@@ -124,4 +131,5 @@ def trajectories_to_batch(trajectories: list[Trajectory], pad_token_id: int) -> 
         group_index=torch.tensor([t.group_id for t in trajectories], dtype=torch.long),
         returns=torch.tensor([t.total_reward for t in trajectories], dtype=torch.float),
         images=[t.images for t in trajectories],
+        turn_states=turn_states,
     )

@@ -58,10 +58,16 @@ def _prompt_ids(encode: Callable[[Observation], list[int]], obs: Observation, tr
         ) from error
 
 
+def _turn(obs: Observation, prompt: list[int], env: gymnasium.Env) -> Turn:
+    """A new turn from its observation, with the state it was made in (`LanguageEnv.state_key`, if the env has one)."""
+    state_key = getattr(env.unwrapped, "state_key", lambda: None)()
+    return Turn(observation=obs.text, images=list(obs.images), prompt_ids=prompt, state_key=state_key)
+
+
 def _start(env: gymnasium.Env, trajectory: Trajectory, rollout_index: int, formatter: DialogueFormatter) -> _Episode:
     obs, _ = env.reset(seed=trajectory.seed)
     prompt = _prompt_ids(formatter.first_prompt, obs, trajectory)
-    trajectory.turns.append(Turn(observation=obs.text, images=list(obs.images), prompt_ids=prompt))
+    trajectory.turns.append(_turn(obs, prompt, env))
     return _Episode(env, trajectory, rollout_index, list(prompt), list(obs.images))
 
 
@@ -129,6 +135,6 @@ def _advance(episode: _Episode, generation, formatter: DialogueFormatter) -> Non
         episode.done = True
         return
     prompt = _prompt_ids(formatter.next_prompt, obs, episode.trajectory)
-    episode.trajectory.turns.append(Turn(observation=obs.text, images=list(obs.images), prompt_ids=prompt))
+    episode.trajectory.turns.append(_turn(obs, prompt, episode.env))
     episode.ids += prompt
     episode.images += list(obs.images)

@@ -8,6 +8,7 @@ the loss mask is 1 exactly on sampled tokens because it is built at generation t
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,7 @@ class Turn:
     close_ids: list[int] = field(default_factory=list)
     reward: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
+    state_key: Hashable | None = None  # the env's `state_key()` when this turn's observation was made (GiGPO)
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any
 
 import torch
@@ -19,7 +20,7 @@ from vagen.rollout.context import DialogueFormatter
 from vagen.trainer.loop import SEED_STRIDE
 
 CRITIC_ESTIMATORS = ("gae", "bilevel_gae")
-GROUP_ESTIMATORS = ("grpo", "grpo_turn", "drgrpo", "rloo")
+GROUP_ESTIMATORS = ("grpo", "grpo_turn", "gigpo", "drgrpo", "rloo")
 
 
 def _choice(value: Any, valid: list[str], key: str) -> None:
@@ -202,6 +203,23 @@ def validate_config(cfg: Any) -> None:
         )
     if trainer.lora.enabled:
         require_peft("trainer.lora.enabled")
+
+
+def warn_without_state_key(cfg: Any) -> bool:
+    """Warn (once, here) when `algorithm.advantage=gigpo` meets a game without `state_key()`: every turn then lacks an
+    anchor state and GiGPO is its episode level alone, i.e. GRPO. Returns whether it warned."""
+    if cfg.algorithm.advantage != "gigpo":
+        return False
+    env = make_env(cfg.env.id, **cfg.env.kwargs)
+    env.reset(seed=cfg.seed)
+    if env.unwrapped.state_key() is not None:
+        return False
+    warnings.warn(
+        f"env={cfg.env.name} has no state_key(), so algorithm.advantage=gigpo finds no anchor states and falls back "
+        "to its episode-level advantage (GRPO's). Implement LanguageEnv.state_key for the game to get step credit.",
+        stacklevel=2,
+    )
+    return True
 
 
 def check_prompt_fits(cfg: Any, tokenizer: Any, image_processor: Any | None) -> int:

@@ -20,6 +20,7 @@ from vagen.engines.base import derive_seed
 from vagen.filtering import apply_empty_policy, select_groups
 from vagen.rollout import Trajectory
 from vagen.rollout.validation import episode_metrics
+from vagen.trainer.levels import LevelSampler, PLRSettings
 from vagen.trainer.monitor import DiagnosticsMonitor
 
 SAMPLING_STREAM, SHUFFLE_STREAM = 0, 1  # derive_seed(run seed, iteration, stream): one seed per use
@@ -63,23 +64,15 @@ def group_returns(trajectories: list[Trajectory], groups: int, group_size: int) 
     return rewards
 
 
-def training_seeds(run_seed: int, cursor: int, groups: int, level_pool: int) -> list[int]:
-    """The env seeds of the next `groups` groups: new levels from `cursor` on, or with `level_pool` = L > 0 the
-    next ones of the L levels run_seed·SEED_STRIDE + 0..L−1, cycled (a fixed training set, e.g. to check that the
-    update can fit the levels it trains on before asking it to generalise)."""
-    if level_pool == 0:
-        return list(range(cursor, cursor + groups))
-    first = run_seed * SEED_STRIDE
-    return [first + (cursor - first + k) % level_pool for k in range(groups)]
-
-
 class IterationLoop:
     """The loop state and the iteration; subclasses say where rollouts, updates and checkpoints happen."""
 
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
         self.iteration = 0
-        self.seed_cursor = cfg.seed * SEED_STRIDE
+        trainer = cfg.trainer
+        plr = PLRSettings(**OmegaConf.to_container(trainer.plr, resolve=True))
+        self.levels = LevelSampler(trainer.level_sampler, cfg.seed, cfg.seed * SEED_STRIDE, trainer.level_pool, plr)
         self.monitor = DiagnosticsMonitor(cfg.diagnostics, cfg.seed)
         self.last_trajectories: list[Trajectory] = []
         self.initial_val: dict[str, float] = {}  # val/ metrics before training (for the held-out line)
@@ -129,12 +122,20 @@ class IterationLoop:
             seed=derive_seed(self.cfg.seed, self.iteration, SAMPLING_STREAM),
         )
 
+    @property
+    def seed_cursor(self) -> int:
+        """The next new training level."""
+        return self.levels.cursor
+
     def rollout(self) -> list[Trajectory]:
-        """P groups × N rollouts from the next P env seeds (of the level pool, when `trainer.level_pool` > 0)."""
-        groups = self.cfg.trainer.groups
-        seeds = training_seeds(self.cfg.seed, self.seed_cursor, groups, self.cfg.trainer.level_pool)
-        self.seed_cursor += groups
-        return self.collect(seeds)
+        """P groups × N rollouts of the P levels the level sampler picks (`trainer.level_sampler`), then the sampler
+        learns each level's reward spread (population std of its group's returns)."""
+        trainer = self.cfg.trainer
+        seeds = self.levels.next_seeds(trainer.groups, self.iteration)
+        trajectories = self.collect(seeds)
+        spread = group_returns(trajectories, trainer.groups, trainer.group_size).std(dim=1, unbiased=False)
+        self.levels.update(seeds, spread.tolist(), self.iteration)
+        return trajectories
 
     def filter_hook(self, trajectories: list[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
         """Keep or drop whole groups by reward spread, before any group statistic is computed."""
@@ -165,6 +166,7 @@ class IterationLoop:
                 break
             rerolls += 1
         metrics = {**rollout_metrics(trajectories), **filter_metrics, "filter/rerolls": float(rerolls)}
+        metrics.update(self.levels.metrics())
         metrics["filter/skipped_update"], metrics["perf/rollout_s"] = float(not kept), rollout_s
         return trajectories, kept, metrics
 
@@ -191,13 +193,15 @@ class IterationLoop:
     def state(self) -> dict[str, Any]:
         return {
             "iteration": self.iteration,
-            "seed_cursor": self.seed_cursor,
+            "seed_cursor": self.levels.cursor,
+            "levels": self.levels.state_dict(),
             "diagnostics": self.monitor.state_dict(),
             "initial_val": self.initial_val,
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.iteration, self.seed_cursor = int(state["iteration"]), int(state["seed_cursor"])
+        self.iteration = int(state["iteration"])
+        self.levels.load_state_dict(state.get("levels", {"cursor": state["seed_cursor"]}))
         self.initial_val = dict(state.get("initial_val", {}))
         self.monitor.load_state_dict(state.get("diagnostics", {}))
 

@@ -22,7 +22,13 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from vagen.algos.advantages import ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageParams, masked_whiten
+from vagen.algos.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageInputs,
+    AdvantageParams,
+    anchor_group_stats,
+    masked_whiten,
+)
 from vagen.algos.losses import (
     aggregate_loss,
     aggregation_share,
@@ -51,7 +57,7 @@ from vagen.rollout import (
 from vagen.rollout.move_probe import ProbeState, check_probeable, probe_states
 from vagen.rollout.validation import eval_seeds, validation_episodes, validation_metrics
 from vagen.trainer.checkpoint import load_checkpoint, save_checkpoint
-from vagen.trainer.config import check_prompt_fits, validate_config
+from vagen.trainer.config import check_prompt_fits, validate_config, warn_without_state_key
 from vagen.trainer.data_parallel import DataParallel
 from vagen.trainer.forward import batched_logprobs, critic_forward, policy_forward
 from vagen.trainer.loop import (  # noqa: F401  (re-exported)
@@ -109,6 +115,7 @@ class StarPOTrainer(IterationLoop):
             model_cfg.source, model_cfg.modality, path=model_cfg.path, size=model_cfg.size
         )
         self.prompt_tokens = check_prompt_fits(cfg, tokenizer, image_processor)
+        warn_without_state_key(cfg)
         seed_everything(cfg.seed)
         device = "cuda" if cfg.device == "auto" and torch.cuda.is_available() else cfg.device
         device = "cpu" if device == "auto" else device
@@ -323,8 +330,16 @@ class StarPOTrainer(IterationLoop):
             values=old_values,
             group_index=batch.group_index,
             turn_ids=batch.turn_ids,
+            turn_states=batch.turn_states,
         )
-        params = AdvantageParams(gamma=algo.gamma, lam=algo.lam, gamma_turn=algo.gamma_turn, lam_turn=algo.lam_turn)
+        params = AdvantageParams(
+            gamma=algo.gamma,
+            lam=algo.lam,
+            gamma_turn=algo.gamma_turn,
+            lam_turn=algo.lam_turn,
+            step_weight=algo.step_weight,
+            normalize_std=algo.normalize_std,
+        )
         advantages, returns = ADVANTAGE_ESTIMATORS.get(algo.advantage)(inputs, params)
         if algo.whiten_advantages:
             advantages = masked_whiten(advantages, batch.response_mask)
@@ -360,6 +375,8 @@ class StarPOTrainer(IterationLoop):
         stats = UpdateStats.empty()
         mask = batch.response_mask
         stats.add("rollout", {"advantage_abs_mean": (batch.advantages.abs() * mask).sum() / mask.sum().clamp(min=1)})
+        if self.cfg.algorithm.advantage == "gigpo":
+            stats.add("rollout", anchor_group_stats(batch.turn_states, batch.turn_ids, mask))
         if batch.old_values is not None:
             # Once per iteration, over the whole batch, from the values the advantages were built with (not from
             # per-micro-batch values that are being updated, averaged).
