@@ -95,6 +95,9 @@ def build_model_folder(scale: str, folder: Path) -> None:
         model = Qwen2_5_VLForConditionalGeneration(qwen2_5_vl_config(scale, tokenizer)).to(torch.bfloat16)
     model.save_pretrained(folder)
     save_processor(make_processor(tokenizer), folder)
+    del model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the modes run in child processes: leave them the whole device
 
 
 def run_config(args: argparse.Namespace, folder: str, run_dir: str):

@@ -74,9 +74,10 @@ def test_plan_components_by_hand():
     activations = (3 * per_layer + 2 * 48) * 20 * 4 + 8 * 2 * 4 * 100 * 4
     assert plan.components["weights"] == plan.components["reference"] == 4 * p
     assert (plan.components["grads"], plan.components["optimizer"]) == (4 * p, 8 * p)
+    assert plan.components["snapshot"] == 4 * p  # the weights before the update, for policy/update_norm
     assert plan.components["activations"] == activations
     assert plan.components["kv_cache"] == 2 * 3 * 24 * 3 * 10 * 4
-    assert plan.peak == 4 * p * 2 + 8 * p + max(4 * p + activations, plan.components["kv_cache"])
+    assert plan.peak == 4 * p * 2 + 8 * p + max(4 * p + 4 * p + activations, plan.components["kv_cache"])
     lora = plan_memory(shape, TrainingSetup(2, 10, 4, reference=True, lora_rank=2, lora_targets=("q_proj",)))
     adapters = 3 * 2 * (48 + 48)
     assert lora.components["reference"] == 0 and lora.trainable == adapters

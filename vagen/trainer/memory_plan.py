@@ -13,6 +13,7 @@ H hidden, I MLP width, kv = kv_heads·head_dim, V vocabulary.
   critic       P_backbone·w             `ValueModel` deep-copies the backbone (everything but an untied LM head)
   lora         T_lora·w                 r·(in+out) per adapted linear layer (peft keeps adapters in the base dtype)
   grads        T·w                      one gradient per trainable parameter (policy + critic), alive through backward
+  snapshot     T_policy·w               the policy's trainable weights before the update, for policy/update_norm
   optimizer    2·T·w                    AdamW's exp_avg and exp_avg_sq, created in the parameter's dtype by torch
   activations  what autograd keeps for backward in one micro-batch (b dialogues):
                per decoder layer and token (15·H + 3·kv + 4·I)·a: input norm (x, x·rsqrt, its output), q/k/v, rotated
@@ -34,8 +35,8 @@ H hidden, I MLP width, kv = kv_heads·head_dim, V vocabulary.
   vllm         util × device memory     vLLM reserves `gpu_memory_utilization` of the device for itself (its weights
                                         and KV cache) for the whole run; it does not sleep between rollouts here
 
-Peak = weights + reference + critic + lora + optimizer + vllm + max(grads + activations, kv_cache): weights, optimizer
-states and vLLM's reservation live all run, gradients and activations only during the update and the hf engine's KV
+Peak = weights + reference + critic + lora + optimizer + vllm + max(grads + snapshot + activations, kv_cache): weights, optimizer
+states and vLLM's reservation live all run, gradients, the snapshot and activations only during the update and the hf engine's KV
 cache only during the rollout. Not counted: the no-grad old/reference log-prob passes (a layer at a time, smaller than
 the update), allocator fragmentation, CUDA context (~0.5 GiB) and the Python heap. `scripts/bench_memory_plan.py`
 compares the plan with measured peaks.
@@ -226,7 +227,7 @@ class MemoryPlan:
     components: dict[str, int]
     parameters: int
     trainable: int
-    update: dict[str, int] = field(default_factory=dict)  # what exists only during the update (grads, activations)
+    update: dict[str, int] = field(default_factory=dict)  # what exists only during the update (grads, snapshot, activations)
     micro_batch_size: int = 0  # the b it was planned with
 
     @property
@@ -297,11 +298,12 @@ def plan_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryPlan:
         "critic": (params - untied_head + lora + shape.hidden + 1) * w if setup.critic else 0,
         "optimizer": 2 * trainable * w,
         "grads": trainable * w,
+        "snapshot": policy_trainable * w,
         "activations": activation_bytes(shape, setup, vision_trains) * (2 if setup.critic else 1),
         "kv_cache": 2 * shape.layers * shape.kv_heads * shape.head_dim * setup.rollout_batch * setup.seq_len * w,
         "vllm": setup.vllm_bytes,
     }
-    update = {"grads": components["grads"], "activations": components["activations"]}
+    update = {name: components[name] for name in ("grads", "snapshot", "activations")}
     return MemoryPlan(
         components, parameters=params, trainable=trainable, update=update, micro_batch_size=setup.micro_batch_size
     )
