@@ -30,7 +30,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from vagen.diagnostics.mi import mi_metrics
-from vagen.models.inputs import eval_mode, image_model_inputs, prompt_position_ids
+from vagen.models.inputs import cache_inputs, eval_mode, image_model_inputs, output_cache, prompt_position_ids
 from vagen.registry import Registry
 from vagen.rollout.trajectory import Trajectory
 
@@ -262,7 +262,7 @@ def _run_prefix(model, processor, token_ids: list[int], image_sets: list[list[Im
         use_cache=True,
         **inputs,
     )
-    return _Prefix(output.past_key_values, ids.shape[1] - 1, token_ids[-1], last)
+    return _Prefix(output_cache(output), ids.shape[1] - 1, token_ids[-1], last)
 
 
 def _rows_cache(prefix: _Prefix, variant_rows: Tensor) -> DynamicCache | None:
@@ -295,7 +295,7 @@ def _score_rows(model, prefix: _Prefix, rows: list[tuple[int, Reasoning]]) -> Te
         input_ids=ids.to(device),
         attention_mask=mask.to(device),
         position_ids=positions,
-        past_key_values=_rows_cache(prefix, variants),
+        **cache_inputs(model.model, _rows_cache(prefix, variants)),
         use_cache=True,
     )
     hit_rows_t = torch.tensor(hit_rows, dtype=torch.long, device=device)

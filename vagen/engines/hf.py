@@ -30,9 +30,11 @@ import torch
 
 from vagen.engines.base import ENGINES, Context, EngineSource, Generation, SamplingParams, context_seeds
 from vagen.models.inputs import (
+    cache_inputs,
     eval_mode,
     image_model_inputs,
     mrope_index_fn,
+    output_cache,
     placeholder_token_ids,
     prompt_position_ids,
 )
@@ -263,7 +265,7 @@ class HFEngine:
         )
         if len(unique) < len(batch):
             rows = torch.tensor(copy_of_row, dtype=torch.long, device=device)
-            output.past_key_values.batch_select_indices(rows)
+            output_cache(output).batch_select_indices(rows)
             output.logits = output.logits[rows]
             attention_mask, rope_delta = attention_mask[rows], rope_delta[rows]
         next_index = attention_mask.sum(dim=-1)  # (B,) real-token index of the next token
@@ -290,7 +292,7 @@ class HFEngine:
                 input_ids=tokens[:, None],
                 attention_mask=attention_mask,
                 position_ids=positions,
-                past_key_values=output.past_key_values,
+                **cache_inputs(self.model, output_cache(output)),
             )
             next_index = next_index + 1
         return _collect(step_tokens, step_logprobs, step_alive, stop_ids)

@@ -8,6 +8,7 @@ three always see the same pixels and positions for the same dialogue.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -67,6 +68,20 @@ def image_model_inputs(model: torch.nn.Module, processor: Any, images: list[Imag
         "pixel_values": processed["pixel_values"].to(parameter.device, dtype=parameter.dtype),
         "image_grid_thw": processed["image_grid_thw"].to(parameter.device),
     }
+
+
+def cache_inputs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """The keyword that passes a KV cache to `model`'s forward: `cache` from transformers 5.2x on (which deprecates
+    `past_key_values` with a FutureWarning on every call), `past_key_values` before."""
+    forward = model.forward
+    name = "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+    return {name: cache}
+
+
+def output_cache(output: Any) -> Any:
+    """The KV cache a forward returned, under either name (`cache` in newer transformers)."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
 
 
 def placeholder_token_ids(model: torch.nn.Module) -> list[int]:

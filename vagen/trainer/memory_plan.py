@@ -35,11 +35,11 @@ H hidden, I MLP width, kv = kv_heads·head_dim, V vocabulary.
   vllm         util × device memory     vLLM reserves `gpu_memory_utilization` of the device for itself (its weights
                                         and KV cache) for the whole run; it does not sleep between rollouts here
 
-Peak = weights + reference + critic + lora + optimizer + vllm + max(grads + snapshot + activations, kv_cache): weights, optimizer
-states and vLLM's reservation live all run, gradients, the snapshot and activations only during the update and the hf engine's KV
-cache only during the rollout. Not counted: the no-grad old/reference log-prob passes (a layer at a time, smaller than
-the update), allocator fragmentation, CUDA context (~0.5 GiB) and the Python heap. `scripts/bench_memory_plan.py`
-compares the plan with measured peaks.
+Peak = weights + reference + critic + lora + optimizer + vllm + max(grads + snapshot + activations, kv_cache):
+weights, optimizer states and vLLM's reservation live all run, gradients, the snapshot and activations only during
+the update and the hf engine's KV cache only during the rollout. Not counted: the no-grad old/reference log-prob
+passes (a layer at a time, smaller than the update), allocator fragmentation, CUDA context (~0.5 GiB) and the Python
+heap. `scripts/bench_memory_plan.py` compares the plan with measured peaks.
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ class MemoryPlan:
     components: dict[str, int]
     parameters: int
     trainable: int
-    update: dict[str, int] = field(default_factory=dict)  # what exists only during the update (grads, snapshot, activations)
+    update: dict[str, int] = field(default_factory=dict)  # what exists only during the update (grads, snapshot, ...)
     micro_batch_size: int = 0  # the b it was planned with
 
     @property

@@ -116,7 +116,9 @@ def _smoothing_window(num_points: int) -> int:
     return max(3, round(num_points / 12))
 
 
-def _curve(ax: Axes, records: Records, key: str, label: str, colour: str, smooth: bool = True) -> bool:
+def _curve(
+    ax: Axes, records: Records, key: str, label: str, colour: str, smooth: bool = True, linestyle: str = "-"
+) -> bool:
     """Raw points as a faint line plus a bold moving average; False (nothing drawn) when `key` is absent."""
     steps, values = metric_series(records, key)
     if steps.size == 0:
@@ -126,7 +128,7 @@ def _curve(ax: Axes, records: Records, key: str, label: str, colour: str, smooth
         ax.plot(steps, values, color=colour, alpha=0.3, linewidth=1.0)
         ax.plot(steps, moving_average(values, window), color=colour, linewidth=2.0, label=f"{label} (avg {window})")
     else:
-        ax.plot(steps, values, color=colour, linewidth=1.8, marker="o", markersize=3.5, label=label)
+        ax.plot(steps, values, color=colour, linewidth=1.8, marker="o", markersize=3.5, label=label, ls=linestyle)
     return True
 
 
@@ -344,17 +346,23 @@ def _draw_grad_norm(ax: Axes, records: Records) -> None:
 
 
 def _mi_sources(suffix: str) -> list[tuple[str, str, str]]:
-    """(key, label, colour) of each MI scope for a metric suffix such as "mi_est"."""
+    """(key, label, colour) of each MI scope for a metric suffix such as "mi_est"; the image probe first, so that the
+    first-turn scope it often equals is drawn over it."""
     sources = [(f"mi/{scope}/{suffix}", scope.replace("_", " "), _SCOPE_COLOURS[scope]) for scope in MI_SCOPES]
     visual = {"mi_est": "mi/visual_mi_est", "retrieval_acc": "mi/visual_retrieval_acc"}.get(suffix)
     if visual:
-        sources.append((visual, "image probe", _SCOPE_COLOURS["visual"]))
+        sources.insert(0, (visual, "image probe", _SCOPE_COLOURS["visual"]))
     return sources
+
+
+def _probe_style(key: str) -> str:
+    """The image probe dashed and under the scopes: where it equals the first-turn curve, both stay visible."""
+    return "--" if key.startswith("mi/visual_") else "-"
 
 
 def _draw_mi(ax: Axes, records: Records) -> None:
     for key, label, colour in _mi_sources("mi_est"):
-        _curve(ax, records, key, f"MI-Est {label}", colour, smooth=False)
+        _curve(ax, records, key, f"MI-Est {label}", colour, smooth=False, linestyle=_probe_style(key))
     threshold = last_value(records, "mi/mi_threshold")
     if threshold is not None:
         ax.axhline(threshold, color="black", linestyle="--", linewidth=1.0, label=f"collapse threshold {threshold:.2g}")
@@ -379,7 +387,7 @@ def _draw_mi(ax: Axes, records: Records) -> None:
 def _draw_retrieval(ax: Axes, records: Records) -> None:
     chances: list[float] = []
     for key, label, colour in _mi_sources("retrieval_acc"):
-        if _curve(ax, records, key, f"retrieval acc {label}", colour, smooth=False):
+        if _curve(ax, records, key, f"retrieval acc {label}", colour, smooth=False, linestyle=_probe_style(key)):
             chance_key = key.replace("retrieval_acc", "retrieval_chance")
             chance = last_value(records, chance_key) if chance_key != key else None
             if chance is not None and chance not in chances:  # scopes usually share B: one line, one label
@@ -387,6 +395,7 @@ def _draw_retrieval(ax: Axes, records: Records) -> None:
                 ax.axhline(chance, color="dimgray", linestyle="--", linewidth=1.0, label=f"chance {chance:.1%}")
     ax.set_ylim(top=max(0.3, ax.get_ylim()[1]))
     _leave_headroom(ax, bottom=0.0)
+    ax.set_ylim(top=min(ax.get_ylim()[1], 1.02))  # an accuracy: the axis never runs past 100%
     _style(
         ax, "Retrieval accuracy (own prompt scores highest)", "reasoning samples (%)", percent=True, legend_columns=2
     )
