@@ -121,19 +121,12 @@ def test_samples_per_seed_replays_each_seed_with_its_own_samples(tmp_path):
     first_answers = [r["messages"][2]["content"] for r in records[:3]]
     assert len(set(first_answers)) == 3, "the samples of one seed must not share a sampling stream"
     assert "samples/seed" in (tmp_path / "summary.md").read_text()
-    for bad, message in [
-        ("samples_per_seed=4", "divide episodes=6"),
-        ("episodes_per_batch=2", "<= episodes_per_batch"),
-    ]:
-        with pytest.raises(ValueError, match=message):
-            run(
-                tmp_path / "bad",
-                "model=[tiny_vl_test]",
-                "env=[frozenlake_visual]",
-                "episodes=6",
-                "samples_per_seed=3",
-                bad,
-            )
+    with pytest.raises(ValueError, match="divide episodes=6"):
+        run(tmp_path / "bad", "model=[tiny_vl_test]", "env=[frozenlake_visual]", "episodes=6", "samples_per_seed=4")
+    # Each episode samples from its own (index, seed): the samples of a seed differ in batches of any size.
+    run(tmp_path / "small", "model=[tiny_vl_test]", "env=[frozenlake_visual]", "episodes=6", "samples_per_seed=3",
+        "episodes_per_batch=2")  # fmt: skip
+    assert assistant_texts(tmp_path / "small") == assistant_texts(tmp_path)
 
 
 def test_per_seed_summary_tells_sharpening_from_improving():
@@ -282,3 +275,30 @@ def test_evaluate_script_reports_a_user_error_in_one_line_without_a_traceback(tm
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and result.stderr.startswith("error: model='nosuchmodel' is not a policy")
     assert "Traceback" not in result.stderr + result.stdout
+
+
+def assistant_texts(folder: Path) -> dict[str, list[str]]:
+    return {
+        path.name: [m["content"] for m in json.loads(path.read_text())["messages"] if m["role"] == "assistant"]
+        for path in sorted(folder.glob("*/*/episodes/*.json"))
+    }
+
+
+@pytest.mark.parametrize("model", ["tiny_vl_test", "random"])
+def test_a_repaired_evaluation_equals_a_clean_one(tmp_path, model):
+    """Each episode is sampled from its own identity (index, seed), never from its position in a batch: episodes
+    played again after a crash, or in batches of another size, are the episodes a clean run plays."""
+    args = (f"model=[{model}]", "env=[frozenlake_visual]", "episodes=4", "temperature=1.0")
+    run(tmp_path / "clean", *args, "episodes_per_batch=4")
+    run(tmp_path / "repaired", *args, "episodes_per_batch=3")
+    for index in (0, 2, 3):  # not contiguous: the replays share no batch with their clean neighbours
+        next((tmp_path / "repaired").glob(f"*/*/episodes/ep0000{index}_*.json")).unlink()
+    run(tmp_path / "repaired", *args, "episodes_per_batch=3")
+    assert assistant_texts(tmp_path / "repaired") == assistant_texts(tmp_path / "clean")
+
+
+def test_the_samples_of_a_seed_differ_for_a_scripted_random_policy(tmp_path):
+    args = ("model=[random]", "env=[sokoban_text]", "episodes=4", "samples_per_seed=4", "env_overrides.max_turns=6")
+    run(tmp_path, *args)
+    texts = list(assistant_texts(tmp_path).values())
+    assert len({tuple(t) for t in texts}) == 4, "the samples of one seed must not share a random stream"

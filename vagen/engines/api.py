@@ -18,13 +18,15 @@ A conversation is a list of message dicts. Each has a `role` and a `content` tha
 
 * a string, with one `IMAGE_PLACEHOLDER` ("<image>") per entry of an optional `images` list of PIL
   images, exactly the shape of an `Observation` (`{"role": "user", "content": obs.text,
-  "images": obs.images}`); or
+  "images": obs.images}`); an assistant's string is what the model wrote, sent as is (an "<image>"
+  in a reply is text, never a slot for an image); or
 * a list of parts: `{"type": "text", "text": ...}`, `{"type": "image", "image": <PIL image>}`
   (the transformers chat-template style; a bare `{"type": "image"}` takes the next entry of the
   message's `images` list), or an already-encoded `{"type": "image_url", ...}` part, sent as is.
 
 Images go out as base64 PNG data URLs in OpenAI's content-part format. Messages are validated and
-encoded BEFORE any request is sent, so a malformed conversation raises `ValueError` at once.
+encoded BEFORE any request is sent, so a malformed conversation raises `ValueError` at once (or, with
+`malformed="record"`, becomes an error of its own, the others being sent).
 
 Transport
 ---------
@@ -36,10 +38,14 @@ server's `Retry-After`) on 408, 429, 5xx, timeouts and connection errors; other 
 request, 401 bad key, 404 wrong model) are the caller's fault and are not retried. At most
 `max_concurrency` requests of this engine are in flight at once, across all threads calling it.
 A request that finally fails becomes an `ApiGeneration` with `error` set: one bad request never
-costs the rest of the batch.
+costs the rest of the batch. A reply is read defensively: lone UTF-16 surrogates (invalid Unicode a
+JSON escape can carry) become U+FFFD, a `usage` count that is not a count is unknown (None), a body
+that is not a completion is an error of that request.
 
 The API key is read from the environment variable named `api_key_env` when the engine is built.
-It is kept in a wrapper whose repr is hidden and is scrubbed from every error message.
+It is kept in a wrapper whose repr is hidden and is scrubbed from every error message. It goes to
+`base_url`'s server only: redirects are refused, not followed (urllib would resend the header to
+whichever host a 30x names), and a `base_url` with userinfo (`user:pass@host`) is refused.
 """
 
 from __future__ import annotations
@@ -75,6 +81,9 @@ MAX_BACKOFF_S = 30.0
 RETRYABLE_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
 _ERROR_BODY_CHARS = 300  # enough of a server's error body to diagnose, short enough for a log line
 _HIDDEN = "<hidden>"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s]*@")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins escaped pairs: what is left is alone
 
 Message = Mapping[str, Any]
 
@@ -195,6 +204,10 @@ def to_openai_message(message: Message, where: str = "message") -> dict[str, Any
     if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
         raise ValueError(f"{where}: expected a dict with a string 'role' and a 'content', got {message!r}.")
     content, images = message.get("content", ""), list(message.get("images", []))
+    if isinstance(content, str) and message["role"] == "assistant":
+        if images:
+            raise ValueError(f"{where}: an assistant message carries no images; attach them to a user message.")
+        return {"role": "assistant", "content": content}
     if isinstance(content, str):
         if not images and IMAGE_PLACEHOLDER not in content:
             # Plain strings are the most widely accepted content (some servers refuse parts for "system").
@@ -274,7 +287,7 @@ class ApiEngine:
         self._slots = threading.BoundedSemaphore(max_concurrency)
         # A proxy set in the environment must not capture requests to a server on this machine.
         handlers = [urllib.request.ProxyHandler({})] if _is_loopback(self.base_url) else []
-        self._opener = urllib.request.build_opener(*handlers)
+        self._opener = urllib.request.build_opener(_RefuseRedirects(), *handlers)
         self._usage_lock = threading.Lock()
         self.total_prompt_tokens = 0
         self.total_completion_tokens = 0
@@ -329,18 +342,35 @@ class ApiEngine:
         }
 
     def generate_chat(
-        self, conversations: list[list[Message]], sampling: SamplingParams, stop: list[str] | None = None
+        self,
+        conversations: list[list[Message]],
+        sampling: SamplingParams,
+        stop: list[str] | None = None,
+        *,
+        malformed: str = "raise",
     ) -> list[ApiGeneration]:
         """One `ApiGeneration` per conversation, in order; requests run concurrently up to `max_concurrency`.
 
-        Malformed messages raise `ValueError` before anything is sent; network and server failures never
-        raise, they come back as `ApiGeneration(error=...)`.
+        Malformed messages raise `ValueError` before anything is sent (`malformed="record"`: that conversation
+        gets an `ApiGeneration(error=...)` with 0 attempts, the others are sent); network and server failures
+        never raise, they come back as `ApiGeneration(error=...)`.
         """
-        payloads = [self.build_payload(c, sampling, stop) for c in conversations]
+        if malformed not in ("raise", "record"):
+            raise ValueError(f"malformed must be 'raise' or 'record', got {malformed!r}.")
+        outcomes: list[dict[str, Any] | ApiGeneration] = []
+        for conversation in conversations:
+            try:
+                outcomes.append(self.build_payload(conversation, sampling, stop))
+            except ValueError as error:
+                if malformed == "raise":
+                    raise
+                outcomes.append(ApiGeneration(error=_valid_text(f"malformed conversation, not sent: {error}")))
+        payloads = [outcome for outcome in outcomes if isinstance(outcome, dict)]
         if not payloads:
-            return []
+            return [outcome for outcome in outcomes if isinstance(outcome, ApiGeneration)]
         with ThreadPoolExecutor(max_workers=min(len(payloads), self.max_concurrency)) as pool:
-            return list(pool.map(self._complete, payloads))
+            completed = iter(list(pool.map(self._complete, payloads)))
+        return [outcome if isinstance(outcome, ApiGeneration) else next(completed) for outcome in outcomes]
 
     def _complete(self, payload: dict[str, Any]) -> ApiGeneration:
         """Send one payload with retries; never raises."""
@@ -361,7 +391,7 @@ class ApiEngine:
             logger.debug("api request failed (%s); retry %d in %.2fs", self._redact(failure.message), attempt, wait)
             time.sleep(wait)
         return ApiGeneration(
-            error=self._redact(f"{failure.message} (after {attempt} attempt(s) to {self.base_url})"),
+            error=_valid_text(self._redact(f"{failure.message} (after {attempt} attempt(s) to {self.base_url})")),
             attempts=attempt,
             latency_s=time.monotonic() - started,
         )
@@ -396,13 +426,15 @@ class ApiEngine:
             self.total_completion_tokens += generation.completion_tokens or 0
 
     def _redact(self, text: str) -> str:
-        """`text` with the key hidden, also in another case or JSON-escaped (as a server may echo it back)."""
-        key = self._api_key.reveal()
-        if not key:
-            return text
-        variants = {key, json.dumps(key)[1:-1]}
-        pattern = "|".join(re.escape(variant) for variant in sorted(variants, key=len, reverse=True))
-        return re.sub(pattern, _HIDDEN, text, flags=re.IGNORECASE)
+        return _hide(text, self._api_key.reveal())
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """Answers a redirect with its HTTPError instead of following it: urllib would resend the Authorization
+    header to whichever host the 30x names (and turn the POST into a GET without its body)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # urllib's signature
+        raise urllib.error.HTTPError(req.full_url, code, msg, headers, fp)
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -411,8 +443,7 @@ class ApiEngine:
 def _check_settings(
     base_url: str, model: str, timeout_s: float, max_retries: int, backoff_s: float, max_concurrency: int
 ) -> None:
-    if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-        raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}.")
+    check_base_url(base_url)
     if not isinstance(model, str) or not model:
         raise ValueError(f"model must be the served model's name, got {model!r}.")
     if not timeout_s > 0:
@@ -425,17 +456,65 @@ def _check_settings(
         raise ValueError(f"max_concurrency must be an int >= 1, got {max_concurrency!r}.")
 
 
-def _read_api_key(api_key_env: str | None) -> str:
-    """The key from the environment ("" when none is named or set: servers on localhost rarely need one)."""
+def check_base_url(base_url: Any) -> None:
+    """Raise `ValueError` unless `base_url` is an http(s) URL without userinfo (never echoed: it may hold a key)."""
+    if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+        shown = str(base_url).rpartition("@")[2]  # whatever precedes an "@" may be a key
+        raise ValueError(f"base_url must start with http:// or https://, got {shown!r}.")
+    if "@" in urllib.parse.urlsplit(base_url).netloc:
+        raise ValueError(
+            "engine.base_url carries a user name or password (scheme://user:...@host); it is not shown here and never "
+            "sent, in case it is the key. Fix: give base_url without it (e.g. https://host/v1), export the key as "
+            "OPENAI_API_KEY and pass engine.api_key_env=OPENAI_API_KEY."
+        )
+
+
+def _looks_like_key(name: str) -> bool:
+    # Variable names are short words (OPENAI_API_KEY); keys are long and mix in lower-case letters and digits.
+    mixed = any(c.islower() for c in name) and any(c.isdigit() for c in name)
+    return (len(name) >= 20 and mixed) or len(name) >= 40
+
+
+def check_api_key_env(api_key_env: Any) -> None:
+    """Raise `ValueError` unless `api_key_env` is None or the NAME of an environment variable; a value that is not
+    a name, or an unset name that looks like a key, is refused without being echoed: it is most likely the key."""
     if api_key_env is None:
-        return ""
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", api_key_env):
-        # Not echoed: a value that is not a variable name is most likely the key itself, pasted in the wrong place.
+        return
+    is_name = isinstance(api_key_env, str) and _ENV_NAME.fullmatch(api_key_env)
+    if not is_name or (api_key_env not in os.environ and _looks_like_key(api_key_env)):
+        reason = "not a variable name" if not is_name else "no variable that is set, and looks like a key itself"
         raise ValueError(
             "engine.api_key_env must be the NAME of an environment variable that holds the key (e.g. OPENAI_API_KEY), "
-            "and the value given is not a variable name; it is not shown here in case it is the key. Fix: "
+            f"and the value given is {reason}; it is not shown here in case it is the key. Fix: "
             "export OPENAI_API_KEY=... and pass engine.api_key_env=OPENAI_API_KEY."
         )
+
+
+def redact_secrets(text: str, api_key_env: str | None) -> str:
+    """`text` fit for a file: URLs without userinfo, and the key held in `api_key_env` (if it is set) hidden."""
+    text = _USERINFO.sub(r"\1", text)
+    return _hide(text, os.environ.get(api_key_env, "") if api_key_env else "")
+
+
+def _hide(text: str, key: str) -> str:
+    """`text` with `key` hidden, also in another case or JSON-escaped (as a server may echo it back)."""
+    if not key:
+        return text
+    variants = {key, json.dumps(key)[1:-1]}
+    pattern = "|".join(re.escape(variant) for variant in sorted(variants, key=len, reverse=True))
+    return re.sub(pattern, _HIDDEN, text, flags=re.IGNORECASE)
+
+
+def _valid_text(text: str) -> str:
+    """`text` with lone UTF-16 surrogates replaced by U+FFFD: they are not Unicode and cannot be written as UTF-8."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+def _read_api_key(api_key_env: str | None) -> str:
+    """The key from the environment ("" when none is named or set: servers on localhost rarely need one)."""
+    check_api_key_env(api_key_env)
+    if api_key_env is None:
+        return ""
     key = os.environ.get(api_key_env, "")
     if not key:
         logger.warning("Environment variable %s is not set; requests go without an Authorization header.", api_key_env)
@@ -458,7 +537,20 @@ def _server_error_message(body: str) -> str:
     return str(error) if error else body
 
 
+def _redirect_failure(error: urllib.error.HTTPError) -> _Failure:
+    target = urllib.parse.urlsplit(urllib.parse.urljoin(error.url, error.headers.get("Location", "")))
+    origin = f"{target.scheme}://{target.hostname}" + (f":{target.port}" if target.port else "")
+    error.close()
+    return _Failure(
+        f"HTTP {error.code} redirect to {origin} refused: the API key goes to engine.base_url's own server only, "
+        "and a redirected request loses its body. Fix: if you trust that server, set engine.base_url to its address.",
+        retryable=False,
+    )
+
+
 def _http_failure(error: urllib.error.HTTPError) -> _Failure:
+    if 300 <= error.code < 400:
+        return _redirect_failure(error)
     try:
         body = error.read(4096).decode("utf-8", "replace")
     except OSError:
@@ -474,6 +566,11 @@ def _http_failure(error: urllib.error.HTTPError) -> _Failure:
     return _Failure(text, retryable=error.code in RETRYABLE_STATUS, retry_after_s=retry_after)
 
 
+def _count(value: Any) -> int | None:
+    """A `usage` token count, or None (unknown) when the server sent something that is not a count."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def _parse_completion(raw: bytes) -> ApiGeneration | _Failure:
     """Read an OpenAI chat-completion body; a malformed one is a (non-retried) failure."""
     try:
@@ -482,13 +579,14 @@ def _parse_completion(raw: bytes) -> ApiGeneration | _Failure:
         content = choice["message"].get("content") or ""
         if isinstance(content, list):  # some servers answer in parts
             content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
-        usage = data.get("usage") or {}
+        usage = data.get("usage") if isinstance(data.get("usage"), Mapping) else {}
+        finish_reason = choice.get("finish_reason")
         return ApiGeneration(
-            text=str(content),
-            finish_reason=choice.get("finish_reason"),
-            prompt_tokens=usage.get("prompt_tokens"),
-            completion_tokens=usage.get("completion_tokens"),
+            text=_valid_text(str(content)),
+            finish_reason=_valid_text(finish_reason) if isinstance(finish_reason, str) else None,
+            prompt_tokens=_count(usage.get("prompt_tokens")),
+            completion_tokens=_count(usage.get("completion_tokens")),
         )
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as error:
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as error:
         snippet = raw[:_ERROR_BODY_CHARS].decode("utf-8", "replace")
         return _Failure(f"malformed response ({type(error).__name__}: {error}): {snippet!r}", retryable=False)

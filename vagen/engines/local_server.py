@@ -3,8 +3,9 @@
 It answers `POST /v1/chat/completions` (and `GET /v1/models`) with OpenAI-shaped JSON, the reply
 text coming from a pluggable *responder* (`messages -> text`, messages as received). It records
 every request so tests can assert on the payload, counts the most requests it ever had in flight,
-and can be told to fail the first k requests with a status (500, 429, 400, ...) or to hold each
-request for a while before answering (for timeout and concurrency tests).
+and can be told to fail the first k requests with a status (500, 429, 400, ...), to hold each
+request for a while before answering (for timeout and concurrency tests), to redirect every request
+elsewhere, or to hand each answer to a hook that rewrites it (hostile-server tests).
 
 Tokens are stood in for by whitespace-separated words: `usage` counts words (and one per image),
 `max_tokens` cuts the reply to that many words with finish_reason "length", and `stop` strings cut
@@ -35,6 +36,8 @@ from PIL import Image
 
 Responder = Callable[[list[dict[str, Any]]], str]
 """Reply text for one request's `messages` (OpenAI format, exactly as received)."""
+ReplyHook = Callable[[dict[str, Any]], "dict[str, Any] | bytes"]
+"""Rewrites a successful answer before it is sent: a dict is sent as JSON, bytes as they are."""
 
 _DATA_URL_PREFIX = "data:image/"
 
@@ -149,6 +152,8 @@ class LocalChatServer:
         `fail_status` with an OpenAI-style error body instead of an answer. Attributes may be changed live.
     delay_s: each request is held this long (while counted as in flight) before it is answered.
     api_key: when set, requests without `Authorization: Bearer <api_key>` get 401.
+    redirect_to: when set, every POST is answered `redirect_status` with `Location: redirect_to`.
+    reply_hook: rewrites each successful answer (see `ReplyHook`), e.g. to send a malformed `usage`.
     """
 
     def __init__(
@@ -159,6 +164,9 @@ class LocalChatServer:
         fail_status: int = 500,
         delay_s: float = 0.0,
         api_key: str | None = None,
+        redirect_to: str | None = None,
+        redirect_status: int = 302,
+        reply_hook: ReplyHook | None = None,
         model_name: str = "local",
         port: int = 0,
     ) -> None:
@@ -167,6 +175,9 @@ class LocalChatServer:
         self.fail_status = fail_status
         self.delay_s = delay_s
         self.api_key = api_key
+        self.redirect_to = redirect_to
+        self.redirect_status = redirect_status
+        self.reply_hook = reply_hook
         self.model_name = model_name
         self.requests: list[RecordedRequest] = []
         self.in_flight = 0
@@ -222,8 +233,10 @@ class LocalChatServer:
         with self._lock:
             self.in_flight -= 1
 
-    def _answer(self, index: int, headers: dict[str, str], body: Any) -> tuple[int, dict[str, Any]]:
-        """(status, JSON) for one chat-completions request."""
+    def _answer(self, index: int, headers: dict[str, str], body: Any) -> tuple[int, dict[str, Any] | bytes]:
+        """(status, JSON or raw bytes) for one chat-completions request."""
+        if self.redirect_to is not None:
+            return self.redirect_status, _error_json(f"moved to {self.redirect_to}", "redirect")
         if self.delay_s > 0 and self._stopping.wait(self.delay_s):
             return 503, _error_json("server shutting down", "server_error")
         if index < self.fail_first:
@@ -238,7 +251,7 @@ class LocalChatServer:
         text, finish_reason = _apply_limits(self.responder(body["messages"]), body.get("max_tokens"), body.get("stop"))
         prompt_tokens = sum(len(message_text(m).split()) + len(message_images(m)) for m in body["messages"])
         completion_tokens = len(text.split())
-        return 200, {
+        answer = {
             "id": f"chatcmpl-local-{index}",
             "object": "chat.completion",
             "created": int(time.time()),
@@ -252,6 +265,7 @@ class LocalChatServer:
                 "total_tokens": prompt_tokens + completion_tokens,
             },
         }
+        return 200, answer if self.reply_hook is None else self.reply_hook(answer)
 
 
 def _error_json(message: str, kind: str) -> dict[str, Any]:
@@ -290,14 +304,16 @@ class _ChatHandler(BaseHTTPRequestHandler):
             self.owner._done()
         self._send(status, payload)
 
-    def _send(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode("utf-8")
+    def _send(self, status: int, payload: dict[str, Any] | bytes) -> None:
+        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode("utf-8")
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             if status == 429:
                 self.send_header("Retry-After", "0")
+            if 300 <= status < 400 and self.owner.redirect_to is not None:
+                self.send_header("Location", self.owner.redirect_to)
             self.end_headers()
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout): nothing to tell it

@@ -19,7 +19,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from vagen.engines.base import SamplingParams
+from vagen.engines.base import SamplingParams, derive_seed
 from vagen.env.policies import POLICIES
 from vagen.eval.episodes import EpisodeResult, TurnResult
 
@@ -49,12 +49,13 @@ class LiveEpisode:
 Responder = Callable[[list[LiveEpisode]], list[Reply]]
 
 
-def _start(make_env: Callable[[], gymnasium.Env], seed: int, system_prompt: str | None) -> LiveEpisode:
+def _start(make_env: Callable[[], gymnasium.Env], index: int, seed: int, system_prompt: str | None) -> LiveEpisode:
     env = make_env()
     observation, _ = env.reset(seed=seed)
     messages = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
     messages.append({"role": "user", "content": observation.text, "images": list(observation.images)})
-    episode = LiveEpisode(env, EpisodeResult(seed, system_prompt), messages, np.random.default_rng(seed))
+    rng = np.random.default_rng(derive_seed(index, seed))  # its own identity: samples of one seed differ
+    episode = LiveEpisode(env, EpisodeResult(seed, system_prompt), messages, rng)
     episode.pending = observation
     return episode
 
@@ -91,13 +92,16 @@ def play_chat_episodes(
     seeds: Sequence[int],
     respond: Responder,
     system_prompt: str | None,
+    indices: Sequence[int] | None = None,
 ) -> list[EpisodeResult]:
     """Play one episode per seed to its end, asking `respond` once per turn for all live episodes.
 
+    `indices` (default 0, 1, ...) name the episodes: with their seeds they key each one's scripted-policy RNG.
     `wall_time_s` of each result is the batch's wall time divided by its episodes (they run together).
     """
     started = time.monotonic()
-    episodes = [_start(make_env, seed, system_prompt) for seed in seeds]
+    indices = range(len(seeds)) if indices is None else indices
+    episodes = [_start(make_env, index, seed, system_prompt) for index, seed in zip(indices, seeds, strict=True)]
     while live := [episode for episode in episodes if not episode.done]:
         replies = respond(live)
         assert len(replies) == len(live), "a responder returns one reply per live episode"
@@ -110,10 +114,11 @@ def play_chat_episodes(
 
 
 def api_responder(engine: Any, sampling: SamplingParams) -> Responder:
-    """Replies from an API engine (`generate_chat`); its retries, concurrency and errors are the engine's."""
+    """Replies from an API engine (`generate_chat`); its retries, concurrency and errors are the engine's, and a
+    conversation it cannot encode fails its own episode only."""
 
     def respond(episodes: list[LiveEpisode]) -> list[Reply]:
-        generations = engine.generate_chat([episode.messages for episode in episodes], sampling)
+        generations = engine.generate_chat([episode.messages for episode in episodes], sampling, malformed="record")
         return [Reply(g.text, g.completion_tokens, g.finish_reason, g.error) for g in generations]
 
     return respond

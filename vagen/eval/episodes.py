@@ -3,11 +3,14 @@
 All three ways end in an `EpisodeResult`: the dialogue (system prompt, each observation with its
 images, each response) and what the environment answered. `episode_record` turns it into the plain
 dict stored as the episode's JSON file; the summary reads only those dicts, so results written by an
-earlier (resumed) run count exactly like fresh ones.
+earlier (resumed) run count exactly like fresh ones. `record_problem` checks a stored dict before it is
+trusted: a record edited or damaged into another shape (`"success": "no"`) is played again, never counted.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,3 +124,61 @@ def episode_record(
         "infos": [_json_value(t.info) for t in turns],
         "messages": messages,
     }
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_message(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("role"), str) and isinstance(value.get("content"), str)
+
+
+_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "model": lambda v: isinstance(v, str),
+    "env": lambda v: isinstance(v, str),
+    "index": _is_count,
+    "seed": _is_count,
+    "success": lambda v: isinstance(v, bool),
+    "reward": _is_number,
+    "turns": _is_count,
+    "end_reason": lambda v: isinstance(v, str),
+    "error": lambda v: v is None or isinstance(v, str),
+    "format_ok_turns": _is_count,
+    "invalid_action_turns": _is_count,
+    "response_tokens": lambda v: v is None or _is_count(v),
+    "wall_time_s": lambda v: _is_number(v) and v >= 0,
+    "actions": lambda v: isinstance(v, list),
+    "rewards": lambda v: isinstance(v, list) and all(_is_number(r) for r in v),
+    "finish_reasons": lambda v: isinstance(v, list),
+    "infos": lambda v: isinstance(v, list) and all(isinstance(i, dict) for i in v),
+    "messages": lambda v: isinstance(v, list) and all(_is_message(m) for m in v),
+}
+
+
+def record_problem(record: Any) -> str | None:
+    """Why `record` is not an episode record as `episode_record` writes it, or None when it is: every field of its
+    type, per-turn lists one entry per turn, counts within the turns, and `success` what its error and last turn's
+    info say (so that neither a hand edit nor a damaged file changes what the summary counts)."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    for name, valid in _FIELDS.items():
+        if name not in record or not valid(record[name]):
+            return f"field {name!r} is missing or of the wrong type ({record.get(name)!r:.60})"
+    turns = record["turns"]
+    replies = sum(message["role"] == "assistant" for message in record["messages"])
+    lengths = [len(record[name]) for name in ("actions", "rewards", "finish_reasons", "infos")]
+    if lengths != [turns] * 4 or replies != turns:
+        return f"its per-turn lists and replies ({lengths}, {replies}) disagree with turns={turns}"
+    if not record["invalid_action_turns"] <= record["format_ok_turns"] <= turns:
+        return "its format_ok_turns / invalid_action_turns exceed its turns"
+    if not math.isclose(record["reward"], sum(record["rewards"]), rel_tol=1e-6, abs_tol=1e-6):
+        return f"reward={record['reward']} is not the sum of its rewards"
+    solved = record["error"] is None and turns > 0 and bool(record["infos"][-1].get("success", False))
+    if record["success"] != solved:
+        return f"success={record['success']} disagrees with its error and last turn's info"
+    return None

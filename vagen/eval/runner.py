@@ -6,7 +6,9 @@ every option). Per cell it plays only the episodes not already on disk (resume),
 episodes become GIFs and the rows become summary.{md,csv,json} and success.png in `out_dir`.
 
 Episode k of every env is `env.reset(seed=EVAL_SEED_BASE + seed_offset + k // samples_per_seed)`, the seeds of
-`vagen.rollout.validation` (disjoint from training seeds), shared with the trainer's validation.
+`vagen.rollout.validation` (disjoint from training seeds), shared with the trainer's validation. Its sampling is
+keyed by its identity (k, seed), as training keys it (`vagen.rollout.loop`), never by its place in a batch: an
+episode played again after a crash or a damaged record is the episode a clean run plays.
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ from typing import Any
 import gymnasium
 from omegaconf import DictConfig, OmegaConf
 
-from vagen.engines.api import ApiEngine
+from vagen.engines.api import ApiEngine, check_api_key_env, check_base_url, redact_secrets
 from vagen.engines.base import EngineSource, SamplingParams, build_engine
 from vagen.env import make_env
 from vagen.eval.api_rollout import Responder, api_responder, play_chat_episodes, policy_responder
 from vagen.eval.episodes import EpisodeResult, from_trajectory
 from vagen.eval.models import ModelSpec, export_for_vllm, load_local_policy, resolve_models
-from vagen.eval.storage import CellStore
+from vagen.eval.storage import CellStore, atomic_write_text
 from vagen.eval.summary import markdown_table, plot_success, summarize_cell, write_summary
 from vagen.rollout import DialogueFormatter, RolloutSpec, collect_rollouts
 from vagen.rollout.context import DEFAULT_SYSTEM_PROMPT
@@ -68,19 +70,32 @@ class EvalReport:
 
 @dataclass
 class LocalAgent:
-    """A token-in/token-out engine (hf, vllm) played with the trainer's own rollout loop, group size 1."""
+    """A token-in/token-out engine (hf, vllm) played with the trainer's own rollout loop, group size 1.
+
+    Episode k is group k, so its sampling stream is keyed by (k, seed) whatever batch it is played in; a run
+    of consecutive episodes is one batch (`RolloutSpec.first_group_id` numbers groups from its first)."""
 
     engine: Any
     formatter: DialogueFormatter
     sampling: SamplingParams
     max_context_tokens: int
 
-    def play(self, make: Callable[[], gymnasium.Env], env_name: str, seeds: list[int]) -> list[EpisodeResult]:
-        spec = RolloutSpec(
-            group_seeds=seeds, group_size=1, max_context_tokens=self.max_context_tokens, env_name=env_name
-        )
-        started = time.monotonic()
-        trajectories = collect_rollouts(make, self.engine, self.formatter, spec, self.sampling)
+    def play(
+        self, make: Callable[[], gymnasium.Env], env_name: str, indices: list[int], seeds: list[int]
+    ) -> list[EpisodeResult]:
+        started, trajectories, start = time.monotonic(), [], 0
+        for end in range(1, len(indices) + 1):
+            if end < len(indices) and indices[end] == indices[end - 1] + 1:
+                continue
+            spec = RolloutSpec(
+                group_seeds=seeds[start:end],
+                group_size=1,
+                max_context_tokens=self.max_context_tokens,
+                env_name=env_name,
+                first_group_id=indices[start],
+            )
+            trajectories += collect_rollouts(make, self.engine, self.formatter, spec, self.sampling)
+            start = end
         share = (time.monotonic() - started) / len(seeds)
         results = [from_trajectory(t, self.formatter.system_prompt) for t in trajectories]
         for result in results:
@@ -95,8 +110,10 @@ class ChatAgent:
     respond: Responder
     system_prompt: str
 
-    def play(self, make: Callable[[], gymnasium.Env], env_name: str, seeds: list[int]) -> list[EpisodeResult]:
-        return play_chat_episodes(make, seeds, self.respond, self.system_prompt)
+    def play(
+        self, make: Callable[[], gymnasium.Env], env_name: str, indices: list[int], seeds: list[int]
+    ) -> list[EpisodeResult]:
+        return play_chat_episodes(make, seeds, self.respond, self.system_prompt, indices)
 
 
 def sampling_params(cfg: DictConfig, spec: ModelSpec) -> SamplingParams:
@@ -201,11 +218,14 @@ def cell_settings(spec: ModelSpec, env_cfg: dict[str, Any], cfg: DictConfig) -> 
     return settings
 
 
-def _play_batch(agent: LocalAgent | ChatAgent, env_cfg: dict[str, Any], seeds: list[int]) -> list[EpisodeResult]:
-    """Play a batch; an unexpected failure is recorded on each of its episodes instead of ending the run."""
+def _play_batch(
+    agent: LocalAgent | ChatAgent, env_cfg: dict[str, Any], batch: list[tuple[int, int]]
+) -> list[EpisodeResult]:
+    """Play a batch of (index, seed); an unexpected failure is recorded on each of its episodes, the run goes on."""
     make = lambda: make_env(env_cfg["id"], **env_cfg["kwargs"])
+    seeds = [seed for _, seed in batch]
     try:
-        return agent.play(make, env_cfg["name"], seeds)
+        return agent.play(make, env_cfg["name"], [index for index, _ in batch], seeds)
     except Exception as error:  # recorded, and retried by the next run (retry_failed)
         logger.exception("A batch of %s failed; its episodes are recorded as failed.", env_cfg["name"])
         message = f"{type(error).__name__}: {error}"
@@ -247,7 +267,7 @@ def run_cell(
         size = int(cfg.episodes_per_batch)
         for start in range(0, len(pending), size):
             batch = pending[start : start + size]
-            results = _play_batch(agent, env_cfg, [seed for _, seed in batch])
+            results = _play_batch(agent, env_cfg, batch)
             for (index, _), result in zip(batch, results, strict=True):
                 store.write(result, index)
     records = [store.load(k, s) for k, s in enumerate(seeds)]
@@ -279,13 +299,6 @@ def episode_seeds(cfg: DictConfig) -> list[int]:
             f"samples_per_seed={samples} must be >= 1 and divide episodes={cfg.episodes} (episodes = seeds x samples"
             f"), e.g. episodes={max(samples, 1) * 128} samples_per_seed={samples} for 128 seeds."
         )
-    if samples > int(cfg.episodes_per_batch):
-        # A local engine keys each episode's sampling stream by (position in its batch, seed): two samples of a seed
-        # a whole batch apart would draw the same text.
-        raise ValueError(
-            f"samples_per_seed={samples} must be <= episodes_per_batch={cfg.episodes_per_batch}: raise "
-            "episodes_per_batch, so that the samples of one seed never share a sampling stream."
-        )
     return [seed for seed in eval_seeds(int(cfg.episodes) // samples, int(cfg.seed_offset)) for _ in range(samples)]
 
 
@@ -294,6 +307,9 @@ def _check_config(cfg: DictConfig) -> None:
         raise ValueError("episodes_per_batch must be >= 1 and gif_episodes >= 0.")
     if not cfg.envs:
         raise ValueError("env= names no environment; e.g. env=[sokoban_visual,frozenlake_visual].")
+    if cfg.engine.name == "api":  # before config.yaml is written: a key given in the wrong place must not reach it
+        check_api_key_env(cfg.engine.get("api_key_env"))
+        check_base_url(cfg.engine.get("base_url"))
 
 
 def evaluate(cfg: DictConfig, config_dir: Path) -> EvalReport:
@@ -308,7 +324,8 @@ def evaluate(cfg: DictConfig, config_dir: Path) -> EvalReport:
     episode_seeds(cfg)  # validates episodes, seed_offset and samples_per_seed before anything loads
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
+    config_text = OmegaConf.to_yaml(cfg, resolve=True)  # what ran: key variables by name, URLs without userinfo
+    atomic_write_text(out_dir / "config.yaml", redact_secrets(config_text, cfg.engine.get("api_key_env")))
     rows = []
     for spec in specs:
         agent = _LazyAgent(lambda spec=spec: build_agent(spec, cfg, out_dir))

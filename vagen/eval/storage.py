@@ -7,7 +7,9 @@
 
 An episode file is written to a temp file and renamed into place (`os.replace`), so a file that
 exists is complete: that is what makes re-running a command resume it. Images are written before
-their JSON, so a complete JSON never points at a missing image.
+their JSON, so a complete JSON never points at a missing image. A file is checked before it is
+trusted (`record_problem`): one of another shape is played again. Episodes without their
+settings.json are refused, never relabelled with today's settings.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from vagen.eval.episodes import RECORD_FORMAT, EpisodeResult, episode_record
+from vagen.eval.episodes import RECORD_FORMAT, EpisodeResult, episode_record, record_problem
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +94,13 @@ class CellStore:
                     "or delete that folder to start it again."
                 )
             return
+        episodes = list((self.folder / "episodes").glob("*.json"))
+        if episodes:
+            raise ValueError(
+                f"{path} is missing, but {len(episodes)} episode file(s) are beside it: nothing tells which settings "
+                "made them, and recording today's would relabel them. Fix: restore it (from a copy of the results), "
+                f"or evaluate under another name (name=...) or out_dir, or delete {self.folder} to start it again."
+            )
         atomic_write_text(path, json.dumps(current, indent=2, sort_keys=True))
 
     def load(self, index: int, seed: int) -> dict[str, Any] | None:
@@ -107,6 +116,10 @@ class CellStore:
         expected = {"format": RECORD_FORMAT, "seed": seed, "index": index}
         if not isinstance(record, dict) or any(record.get(key) != value for key, value in expected.items()):
             logger.warning("Ignoring %s: not an episode record of this index and seed; it will be played again.", path)
+            return None
+        problem = record_problem(record)
+        if problem is not None:
+            logger.warning("Ignoring %s: %s; it will be played again.", path, problem)
             return None
         return record
 
@@ -126,5 +139,10 @@ class CellStore:
                 paths.append(str(Path("..") / relative))  # relative to the JSON file's folder
             image_paths.append(paths)
         record = episode_record(episode, model=self.model, env=self.env, index=index, image_paths=image_paths)
-        atomic_write_text(self.episode_path(index, episode.seed), json.dumps(record, indent=1, ensure_ascii=False))
+        text = json.dumps(record, indent=1, ensure_ascii=False)
+        # Lone UTF-16 surrogates (invalid Unicode an env or server may pass on) cannot be encoded as UTF-8; inside
+        # JSON strings, where alone they can be, backslashreplace writes them as the escapes that read them back.
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        self.gif_path(index, episode.seed).unlink(missing_ok=True)  # a GIF of the episode this one replaces
+        atomic_write_text(self.episode_path(index, episode.seed), text)
         return record
