@@ -1,4 +1,4 @@
-"""The import directions of DESIGN.md, read from the source with `ast` (lazy imports inside functions included).
+"""The import directions of docs/design.md, read from the source with `ast` (lazy imports inside functions included).
 
 scripts → vagen.eval, vagen.bootstrap → vagen.trainer → (rollout, engines, algos, filtering, diagnostics, viz, logging)
 → models, env → registry. `algos` and `filtering` are pure tensor code. Nothing in `vagen` names a game package
@@ -85,7 +85,7 @@ def violations() -> list[str]:
 
 def test_every_vagen_part_is_in_the_layering_map():
     parts = {part_of(p) for p in (ROOT / "vagen").rglob("*.py") if p != ROOT / "vagen" / "__init__.py"}
-    assert parts == set(ALLOWED), "add the new part of vagen to ALLOWED (with the directions DESIGN.md gives)"
+    assert parts == set(ALLOWED), "add the new part of vagen to ALLOWED (with the directions docs/design.md gives)"
 
 
 def test_imports_flow_the_way_design_md_says():

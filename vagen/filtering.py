@@ -4,7 +4,7 @@ A *group* is the N rollouts of one initial state. Its reward spread RV_g bounds 
 (by Cauchy-Schwarz, ‖(1/N) Σ_i (R_i − R̄) ∇log π_i‖ ≤ std(R) · rms‖∇log π_i‖), while the KL and
 entropy gradients do not shrink with RV. Low-RV groups therefore contribute updates dominated by
 input-agnostic regularisation, the mechanism behind template collapse; dropping them raises the
-signal-to-noise ratio of the update. See SPEC.md §3.
+signal-to-noise ratio of the update. See docs/spec.md §3.
 
 The filter is modality-agnostic and pure: it sees a `[G, N]` reward matrix (group g in row g) and
 returns which whole groups to keep. It never drops or duplicates single samples.

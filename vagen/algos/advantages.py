@@ -1,4 +1,4 @@
-"""Advantage estimators for StarPO (SPEC §2), as pure tensor functions behind one registry.
+"""Advantage estimators for StarPO (docs/spec.md §2), as pure tensor functions behind one registry.
 
 Every estimator has the same signature, so the trainer picks one by name and never special-cases it:
 

@@ -1,4 +1,4 @@
-"""Losses for StarPO (SPEC §2): clipped policy loss, value loss, KL penalty, entropy, loss aggregation.
+"""Losses for StarPO (docs/spec.md §2): clipped policy loss, value loss, KL penalty, entropy, loss aggregation.
 
 Pure tensor functions. Every per-token quantity is reduced by `aggregate_loss(loss_mat, mask, mode)`,
 never by a bare `.mean()`, so padding and observation tokens never count. Metrics come back as a dict

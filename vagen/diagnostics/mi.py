@@ -4,7 +4,7 @@ H(Z) = H(Z|X) + I(X;Z): entropy alone sees only H(Z|X). Template collapse keeps 
 the reasoning z stops depending on the input x, I(X;Z) → 0. To estimate I(X;Z) without another
 model, each reasoning sample z of the batch is scored under every batch prompt x_j (teacher forcing,
 done by the caller) into `scores[z, j] = log π(z | x_j)`; this module turns that matrix into metrics.
-See SPEC.md §4.
+See docs/spec.md §4.
 
 With L̄ = scores / |z| (per-token), B prompts, src(z) the prompt that produced z:
 

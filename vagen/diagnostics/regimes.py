@@ -1,6 +1,6 @@
 """Reading the diagnostics: the four reasoning regimes (RAGEN v2) and the Echo Trap monitor (RAGEN v1).
 
-Regimes (SPEC.md §4) on two axes, input dependence I(X;Z) and within-input diversity H(Z|X):
+Regimes (docs/spec.md §4) on two axes, input dependence I(X;Z) and within-input diversity H(Z|X):
 
                       H(Z|X) high            H(Z|X) low
     I(X;Z) high       diverse                compressed
@@ -9,7 +9,7 @@ Regimes (SPEC.md §4) on two axes, input dependence I(X;Z) and within-input dive
 Template collapse is the regime entropy metrics miss: reasoning still varies inside one input but
 says the same thing for every input.
 
-Echo Trap (SPEC.md §2): the policy overfits to a few rewarded reasoning patterns; the signature is
+Echo Trap (docs/spec.md §2): the policy overfits to a few rewarded reasoning patterns; the signature is
 within-group reward std falling, entropy falling and the gradient norm spiking together.
 """
 

@@ -1,4 +1,4 @@
-"""In-batch cross-scoring for the MI proxies: L[z, j] = log π(z | x_j) with the current policy (SPEC §4).
+"""In-batch cross-scoring for the MI proxies: L[z, j] = log π(z | x_j) with the current policy (docs/spec.md §4).
 
 Cost. Naively every (z, j) pair is one forward over prompt + response. Here each prompt x_j runs
 ONCE (with its images) into a KV cache, and all reasonings are scored as one batched continuation

@@ -1,6 +1,6 @@
 """The generation-engine interface: token ids (and images) in, sampled token ids and log-probs out.
 
-Token-in/token-out (SPEC §6.1): the rollout builds the exact prompt ids itself (chat template applied,
+Token-in/token-out (docs/spec.md §6.1): the rollout builds the exact prompt ids itself (chat template applied,
 image pads expanded), an engine samples continuation ids, and training reads those very ids back.
 Nothing is decoded and re-tokenised on the way, so every engine speaks ids, never text.
 

@@ -3,10 +3,10 @@
 Four figures, each a function `records -> Figure | None` registered in `PLOTS`:
 
     training     held-out success (val/), success, reward, format-valid rate, response length over iterations
-    filtering    Std(RV)/Mean(RV) with the SPEC §3 reference levels, kept ratio, zero-spread groups
+    filtering    Std(RV)/Mean(RV) with the docs/spec.md §3 reference levels, kept ratio, zero-spread groups
     diagnostics  entropy, grad norm, MI estimate under its log B ceiling, retrieval accuracy vs chance;
                  Echo Trap firings as vertical lines
-    regimes      the path of the run in the MI × H(Z|X) plane split into the four regimes (SPEC §4)
+    regimes      the path of the run in the MI × H(Z|X) plane split into the four regimes (docs/spec.md §4)
 
 Records are the dicts of `vagen.logging.read_metrics`: `{"step": int, "<namespace>/<name>": float}`.
 A metric may be absent from some rows (MI is logged every few steps) or from the whole run; a panel
@@ -49,7 +49,7 @@ REGIME_COLOURS = {
     "template_collapse": "#f8d9c4",
     "low_entropy_collapse": "#e2d9ee",
 }
-# SPEC §3: Std(RV)/Mean(RV) ≈ 1.2–1.3 on Sokoban (bimodal spreads: filtering pays), ≈ 0.3 on FrozenLake
+# docs/spec.md §3: Std(RV)/Mean(RV) ≈ 1.2–1.3 on Sokoban (bimodal spreads: filtering pays), ≈ 0.3 on FrozenLake
 # GRPO (spreads alike: filtering is close to dropping groups at random). Only meaningful for stat=std.
 _REFERENCE_TEXT = {"xytext": (0, 3), "textcoords": "offset points", "ha": "right", "va": "bottom", "fontsize": 8}
 RV_RATIO_REFERENCES = (  # (level, colour, annotation)
@@ -289,7 +289,7 @@ def _draw_spread_ratio(ax: Axes, records: Records) -> None:
         ax.set_ylim(bottom=0.0, top=max(1.5, ax.get_ylim()[1]))
         note = ""
     else:
-        note = f" (RV = {stat}; the reference levels 1.2 / 0.3 of SPEC §3 hold for RV = std)"
+        note = f" (RV = {stat}; the reference levels 1.2 / 0.3 of docs/spec.md §3 hold for RV = std)"
     _style(ax, f"Reward-spread dispersion across groups{note}", f"{ratio_name} (ratio)")
 
 
@@ -313,7 +313,7 @@ def _draw_zero_spread(ax: Axes, records: Records) -> None:
 
 @PLOTS.register("filtering")
 def plot_filtering(records: Records, run_name: str = "", skipped: list[str] | None = None) -> Figure | None:
-    """Std(RV)/Mean(RV) against the SPEC §3 reference levels, kept ratio, zero-spread groups per iteration."""
+    """Std(RV)/Mean(RV) against the docs/spec.md §3 reference levels, kept ratio, zero-spread groups per iteration."""
     ratio_key = spread_ratio_key(records) or "filter/reward_<stat>_ratio"
     panels = (
         Panel("reward-spread ratio", (ratio_key,), _draw_spread_ratio),
@@ -528,7 +528,7 @@ def _draw_regime_path(ax: Axes, records: Records, scope: str, colour_range: tupl
 
 @PLOTS.register("regimes")
 def plot_regimes(records: Records, run_name: str = "", skipped: list[str] | None = None) -> Figure | None:
-    """The run's path through the MI × H(Z|X) plane, split into the four regimes of SPEC §4 (one panel per scope)."""
+    """The run's path through the MI × H(Z|X) plane, in the four regimes of docs/spec.md §4 (one panel per scope)."""
     scopes = [
         s for s in MI_SCOPES if has_metric(records, f"mi/{s}/mi_est") and has_metric(records, f"mi/{s}/h_cond_est")
     ]
