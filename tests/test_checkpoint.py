@@ -226,7 +226,7 @@ def test_interrupted_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
     real_save = torch.save
 
     def interrupt_on_optimizer(obj, file, *args, **kwargs):
-        if str(file).endswith("optimizers.pt"):
+        if str(getattr(file, "name", file)).endswith("optimizers.pt"):
             raise KeyboardInterrupt  # fault injection: Ctrl-C while the optimizer file is being written
         return real_save(obj, file, *args, **kwargs)
 
@@ -291,3 +291,167 @@ def test_disk_full_while_saving_names_the_path_and_keeps_the_previous_checkpoint
         _save(tmp_path, 2, *objects)
     assert latest_checkpoint(tmp_path) == good
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["iter_000001"]  # no half-written folder
+
+
+# ---- one verification, mandatory hashes, renamed folders, damaged markers (issue 37, classes 5 and 8) ----------
+
+
+def _edit_marker(path, edit):
+    marker = json.loads((path / ckpt.MARKER_FILENAME).read_text())
+    marker = edit(marker)
+    (path / ckpt.MARKER_FILENAME).write_text(json.dumps(marker))
+
+
+@pytest.mark.parametrize("field", ["file_sha256", "file_sizes", "iteration"])
+def test_every_integrity_field_of_the_marker_is_mandatory(tmp_path, field):
+    """Deleting the hashes (or sizes) from complete.json used to switch their check off."""
+    path = _save(tmp_path, 1, *_objects())
+    _edit_marker(path, lambda marker: {key: value for key, value in marker.items() if key != field})
+    with pytest.raises(ValueError, match=rf"complete\.json .*{field}.*move .*iter_000001 out of the run folder"):
+        _load(path, *_objects())
+
+
+@pytest.mark.parametrize("extra", ["notes.txt", "modules/critic.safetensors", "rng.pt.orig"])
+def test_a_file_the_marker_does_not_list_is_refused(tmp_path, extra):
+    path = _save(tmp_path, 1, *_objects())
+    (path / extra).write_bytes(b"not from this save")
+    with pytest.raises(ValueError, match=rf"{extra} is not listed in its complete\.json"):
+        _load(path, *_objects())
+
+
+def test_a_renamed_checkpoint_folder_is_refused_and_nothing_is_deleted(tmp_path):
+    """iter_000002 renamed to iter_000009 used to be taken as the latest: resume rewound to iteration 2 and the next
+    save's keep-N rotation deleted the newer checkpoints."""
+    objects = _objects()
+    for iteration in (1, 2, 3):
+        _save(tmp_path, iteration, *objects, keep_last=None)
+    renamed = tmp_path / "checkpoints" / "iter_000009"
+    (tmp_path / "checkpoints" / "iter_000002").rename(renamed)
+    message = r"iter_000009 holds iteration 2 \(its complete\.json\) but is named iter_000009.*rename it back"
+    with pytest.raises(ValueError, match=message):
+        latest_checkpoint(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        _load(renamed, *_objects())
+    with pytest.raises(ValueError, match=message):
+        _save(tmp_path, 4, *objects, keep_last=1)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["iter_000001", "iter_000003", "iter_000009"]
+
+
+def test_a_marker_edited_to_match_a_renamed_folder_is_refused_by_the_saved_state(tmp_path):
+    path = _save(tmp_path, 2, *_objects())
+    renamed = path.rename(path.with_name("iter_000009"))
+    _edit_marker(renamed, lambda marker: {**marker, "iteration": 9})
+    with pytest.raises(ValueError, match=r"its state\.pt is of iteration 2"):
+        _load(renamed, *_objects())
+
+
+@pytest.mark.parametrize(
+    "marker",
+    [
+        "[]",
+        '"complete"',
+        "null",
+        '{"iteration": "1"}',
+        {"file_sizes": []},
+        {"file_sha256": {"state.pt": 5}},
+        {"file_sizes": {"state.pt": "12"}},
+        {"fingerprint": ["tiny-mlp"]},
+    ],
+)
+def test_a_marker_of_the_wrong_json_type_is_one_clear_error(tmp_path, marker):
+    path = _save(tmp_path, 1, *_objects())
+    if isinstance(marker, dict):
+        _edit_marker(path, lambda saved: {**saved, **marker})
+    else:
+        (path / ckpt.MARKER_FILENAME).write_text(marker)
+    with pytest.raises(ValueError, match=r"complete\.json"):
+        latest_checkpoint(tmp_path)
+        _load(path, *_objects())
+
+
+def test_checkpoints_that_is_a_file_is_one_clear_error(tmp_path):
+    (tmp_path / "checkpoints").write_text("not a folder")
+    with pytest.raises(ValueError, match=r"checkpoints is a file, not a folder.*move it"):
+        latest_checkpoint(tmp_path)
+    with pytest.raises(ValueError, match=r"checkpoints is a file, not a folder"):
+        _save(tmp_path, 1, *_objects())
+
+
+def test_saving_behind_newer_checkpoints_is_refused_and_deletes_nothing(tmp_path):
+    """A second run's first checkpoint in a folder of a longer run used to be deleted at once by the rotation."""
+    objects = _objects()
+    for iteration in range(1, 5):
+        _save(tmp_path, iteration, *objects, keep_last=2)
+    with pytest.raises(ValueError, match=r"iteration 1 .* newer checkpoint .*iter_000004.*trainer\.resume=auto"):
+        _save(tmp_path, 1, *objects, keep_last=2)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["iter_000003", "iter_000004"]
+
+
+# ---- a full disk, as the writing libraries report it ---------------------------------------------------------
+
+
+def _library_error(kind: str) -> BaseException:
+    """The exception each writer raises when the disk fills (as seen on a full tmpfs)."""
+    from safetensors import SafetensorError
+
+    if kind == "safetensors":
+        return SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    error = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+    error.__context__ = OSError(28, "No space left on device")  # torch.save into a python file object
+    return error
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "torch.save"])
+def test_a_full_disk_reported_by_the_writing_library_names_the_last_checkpoint(tmp_path, monkeypatch, kind):
+    objects = _objects()
+    good = _save(tmp_path, 1, *objects)
+
+    def full_disk(*args, **kwargs):
+        raise _library_error(kind)
+
+    monkeypatch.setattr(ckpt, "save_model" if kind == "safetensors" else "_torch_save", full_disk)
+    with pytest.raises(ValueError, match=rf"No space left .*iter_000002 \(the last complete checkpoint {good} is"):
+        _save(tmp_path, 2, *objects)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["iter_000001"]
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 1 MiB tmpfs (root only; skipped where it cannot be mounted)."""
+    import subprocess
+
+    folder = tmp_path / "tmpfs"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    yield folder
+    subprocess.run(["umount", "--lazy", str(folder)], check=True)  # lazy: a failed torch.save may hold a handle
+
+
+_FILES_IN_WRITE_ORDER = ["modules/policy.safetensors", "optimizers.pt", "schedulers.pt", "state.pt", "rng.pt"]
+
+
+@pytest.mark.parametrize("fails_at", [*_FILES_IN_WRITE_ORDER, "complete.json"])
+def test_a_real_full_disk_at_each_write_keeps_the_last_checkpoint(small_tmpfs, fails_at):
+    """The disk fills while writing each file in turn (safetensors, torch.save, the marker): one clear error naming
+    the intact checkpoint, and no half-written folder."""
+    import errno
+
+    objects = _objects()
+    good = _save(small_tmpfs, 1, *objects)
+    sizes = json.loads((good / ckpt.MARKER_FILENAME).read_text())["file_sizes"]
+    order = [*_FILES_IN_WRITE_ORDER, ckpt.MARKER_FILENAME]
+    free_pages = sum(-(-sizes[name] // 4096) for name in order[: order.index(fails_at)])  # room for the files before
+    filler = small_tmpfs / "filler"
+    with open(filler, "wb", buffering=0) as file:
+        with pytest.raises(OSError) as error:
+            while True:
+                file.write(bytes(4096))
+        assert error.value.errno == errno.ENOSPC
+        file.truncate(filler.stat().st_size - free_pages * 4096)
+    with pytest.raises(ValueError, match=rf"No space left .*iter_000002 \(the last complete checkpoint {good} is"):
+        _save(small_tmpfs, 2, *objects)
+    assert [p.name for p in (small_tmpfs / "checkpoints").iterdir()] == ["iter_000001"]
+    filler.unlink()
+    assert _load(latest_checkpoint(small_tmpfs), *_objects(seed=2))["iteration"] == 1

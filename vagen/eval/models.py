@@ -148,6 +148,10 @@ def load_local_policy(spec: ModelSpec, device: str) -> Any:
             f"Checkpoint {spec.checkpoint} is gone: a training still running in that folder keeps only its last "
             "trainer.keep_checkpoints checkpoints. Evaluate a copy of the checkpoint folder, or the finished run."
         )
+    if spec.checkpoint is not None:
+        from vagen.trainer.checkpoint import verify_checkpoint
+
+        verify_checkpoint(Path(spec.checkpoint))  # the integrity check resume runs too: sizes, sha256, unlisted files
     policy = load_policy(
         config["name"],
         config["source"],

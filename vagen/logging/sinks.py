@@ -60,11 +60,22 @@ def _from_json(record: dict[str, Any]) -> dict[str, Any]:
     return {key: _NON_FINITE.get(value, value) if isinstance(value, str) else value for key, value in record.items()}
 
 
+def _checked(record: Any, path: Path, number: int) -> dict[str, Any]:
+    """`record` if it is a metrics record (a JSON object with an integer "step"), else ValueError naming the line."""
+    if not isinstance(record, dict) or type(record.get("step")) is not int:
+        raise ValueError(
+            f'{path} line {number} is not a metrics record (a JSON object with an integer "step"): '
+            f"{json.dumps(record)[:80]}. Fix: delete or repair that line (or move the file aside to start the log "
+            "afresh)."
+        )
+    return record
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The records of a metrics file (or of `run_dir/metrics.jsonl` when given a folder), oldest first.
 
     "nan"/"inf"/"-inf" strings come back as floats. A torn last line (the process died mid-write) is
-    skipped with a warning; a bad line elsewhere raises ValueError with its line number.
+    skipped with a warning; a bad line elsewhere, or a line that is not a record, raises ValueError with its number.
     """
     path = Path(path)
     if path.is_dir():
@@ -75,12 +86,16 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            records.append(_from_json(json.loads(line)))
+            record = json.loads(line)
         except ValueError as error:
             if number == len(lines):
                 warnings.warn(f"Skipping the torn last line of {path}.", stacklevel=2)
                 continue
-            raise ValueError(f"{path} line {number} is not valid JSON ({error}); the file is damaged.") from error
+            raise ValueError(
+                f"{path} line {number} is not valid JSON ({error}); the file is damaged. Fix: delete or repair that "
+                "line."
+            ) from error
+        records.append(_from_json(_checked(record, path, number)))
     return records
 
 
@@ -142,7 +157,13 @@ class MetricsLogger:
             backup = _free_name(self.path.with_name(f"{METRICS_FILENAME}.{time.strftime('%Y%m%d-%H%M%S')}.bak"))
             warnings.warn(f"{self.path} exists and resume=False: moving it to {backup.name}.", stacklevel=2)
             os.replace(self.path, backup)
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 -- closed by close()
+        try:
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 -- closed by close()
+        except OSError as error:
+            raise ValueError(
+                f"Cannot open the metrics file {self.path} ({error.strerror}). Fix: move it out of the way (or "
+                "choose another run_dir=...)."
+            ) from error
         self._wandb_run = None
         if wandb_mode != "disabled":
             self._wandb_run = self._start_wandb(project, run_name, config, resume)
@@ -190,12 +211,12 @@ class MetricsLogger:
         self._file.close()
         lines = self.path.read_text(encoding="utf-8").splitlines()
         kept = []
-        for line in lines:
+        for number, line in enumerate(lines, start=1):
             try:
                 record = json.loads(line)
             except ValueError:
                 continue  # a torn line from a crash mid-write
-            if record.get("step", math.inf) <= step:
+            if _checked(record, self.path, number)["step"] <= step:
                 kept.append(line)
         temp = self.path.with_name(self.path.name + ".tmp")
         temp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")

@@ -11,8 +11,12 @@ Layout of one checkpoint, `run_dir/checkpoints/iter_{iteration:06d}/`:
 
 Everything is written into a hidden temp folder beside the final one and renamed into place only
 after `complete.json` exists, so a crash or Ctrl-C mid-save never leaves a folder that looks
-complete. A folder without the marker is ignored by `latest_checkpoint` and refused by `load_checkpoint`.
-Old checkpoints are deleted only after the new one is in place.
+complete. Old checkpoints are deleted only after the new one is in place, and a save never goes behind a newer
+checkpoint (that folder holds another run's history). A full disk, however the writing library reports it,
+ends with one error naming the last complete checkpoint.
+
+`verify_checkpoint` is the one integrity check of every loader (resume, evaluation, warm starts): the marker's
+sizes and sha256 are mandatory, every file must be listed, and an `iter_N` folder must hold iteration N.
 
 Exact resume needs every source of randomness to be either restored here (the global generators)
 or carried in `state` (e.g. `torch.Generator.get_state()` of a private generator, a seed cursor).
@@ -148,6 +152,25 @@ def _fsync_tree(folder: Path) -> None:
             os.close(descriptor)
 
 
+def _torch_save(obj: Any, file: Path) -> None:
+    # Through a python file object: on a full disk torch.save raises a bare RuntimeError, and only this way does
+    # the OSError (ENOSPC) come with it, as its context.
+    with open(file, "wb") as handle:
+        torch.save(obj, handle)
+
+
+def is_disk_full(error: BaseException | None) -> bool:
+    """Whether `error` means a full disk or quota: an OSError, safetensors' SafetensorError ("... (os error 28)")
+    or torch.save's RuntimeError with the OSError as its context."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if f"(os error {errno.ENOSPC})" in str(error) or f"(os error {errno.EDQUOT})" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def _write_contents(
     folder: Path,
     modules: Mapping[str, torch.nn.Module],
@@ -158,10 +181,10 @@ def _write_contents(
     (folder / "modules").mkdir()
     for name, module in modules.items():
         save_model(module, str(folder / "modules" / f"{name}.safetensors"))
-    torch.save({name: optimizer.state_dict() for name, optimizer in optimizers.items()}, folder / "optimizers.pt")
-    torch.save({name: scheduler.state_dict() for name, scheduler in schedulers.items()}, folder / "schedulers.pt")
-    torch.save(state, folder / "state.pt")
-    torch.save(_rng_states(), folder / "rng.pt")
+    _torch_save({name: optimizer.state_dict() for name, optimizer in optimizers.items()}, folder / "optimizers.pt")
+    _torch_save({name: scheduler.state_dict() for name, scheduler in schedulers.items()}, folder / "schedulers.pt")
+    _torch_save(state, folder / "state.pt")
+    _torch_save(_rng_states(), folder / "rng.pt")
 
 
 def _sha256(path: Path) -> str:
@@ -244,6 +267,16 @@ def save_checkpoint(
     fingerprint_json = _json_ready(fingerprint)
     final = checkpoint_dir(run_dir, iteration)
     parent = final.parent
+    newer = [(path, problem) for number, path, problem in _checkpoint_folders(run_dir) if number > iteration]
+    if newer:  # the rotation below would delete this save at once, and a resume would continue the other history
+        path, problem = newer[-1]
+        if problem is not None:  # a renamed or damaged folder, not a newer checkpoint: say that instead
+            raise problem
+        raise ValueError(
+            f"Refusing to save iteration {iteration} into {parent}: it already holds a newer checkpoint "
+            f"({path.name}) of another run. Fix: continue that run with trainer.resume=auto, or start this "
+            "one in a new run_dir=..."
+        )
     parent.mkdir(parents=True, exist_ok=True)
     _remove_leftovers(parent)
     temp = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{final.name}-", dir=parent))
@@ -258,9 +291,9 @@ def save_checkpoint(
     except BaseException as error:
         # BaseException on purpose: Ctrl-C mid-save must not leave a half-written folder behind.
         shutil.rmtree(temp, ignore_errors=True)
-        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            previous = _checkpoint_folders(run_dir)
-            kept = f"the last complete checkpoint {previous[-1][1]} is intact" if previous else "no earlier checkpoint"
+        if is_disk_full(error):
+            previous = [path for _, path, problem in _checkpoint_folders(run_dir) if problem is None]
+            kept = f"the last complete checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint"
             raise ValueError(
                 f"No space left on the device while saving checkpoint {final} ({kept}). Fix: free disk space "
                 f"under {parent} (or lower trainer.keep_checkpoints) and rerun the command to resume."
@@ -272,40 +305,81 @@ def save_checkpoint(
     return final
 
 
-def _read_marker(path: Path) -> dict[str, Any] | None:
+def _read_marker(path: Path) -> Any:
+    """The parsed marker (any JSON value), or None when it is missing or not JSON."""
     try:
         return json.loads((path / MARKER_FILENAME).read_text())
     except (OSError, ValueError):
         return None
 
 
-def _checkpoint_folders(run_dir: Path) -> list[tuple[int, Path, bool]]:
-    """(iteration, folder, marker readable) of every `iter_*` folder of a run, oldest first."""
+def _marker_problem(marker: Any) -> str | None:
+    """What is wrong with the shape of a parsed marker, or None. Sizes and hashes are mandatory: without them a
+    damaged file would load silently."""
+    if not isinstance(marker, dict):
+        return f"is a JSON {type(marker).__name__}, not an object"
+    if type(marker.get("iteration")) is not int:
+        return "has no integer 'iteration'"
+    for field, kind in (("file_sizes", int), ("file_sha256", str)):
+        listed = marker.get(field)
+        if not isinstance(listed, dict) or not all(type(value) is kind for value in listed.values()):
+            return f"has no '{field}' (file -> {kind.__name__}), which the integrity check needs"
+    if marker["file_sizes"].keys() != marker["file_sha256"].keys():
+        return "lists different files in 'file_sizes' and 'file_sha256'"
+    if not isinstance(marker.get("fingerprint", {}), dict):
+        return "has a 'fingerprint' that is not a JSON object"
+    return None
+
+
+def _renamed(path: Path, iteration: int) -> ValueError:
+    return ValueError(
+        f"Checkpoint {path} holds iteration {iteration} (its {MARKER_FILENAME}) but is named {path.name}: the folder "
+        f"was renamed, and resuming it would rewind the run and then delete newer checkpoints. Fix: rename it back "
+        f"to {checkpoint_dir(path.parent.parent, iteration).name}, or move it out of {path.parent}."
+    )
+
+
+def _folder_problem(path: Path, number: int) -> ValueError | None:
+    marker = _read_marker(path)
+    problem = "is missing or not JSON" if marker is None else _marker_problem(marker)
+    if problem is not None:
+        return ValueError(
+            f"Checkpoint {path} has a missing or damaged {MARKER_FILENAME} (it {problem}), so it cannot be trusted; "
+            f"it was left untouched. Fix: move that folder out of {path.parent} (keep it if you want to inspect it), "
+            "then rerun to continue from the previous complete checkpoint, or restore the marker."
+        )
+    return _renamed(path, marker["iteration"]) if marker["iteration"] != number else None
+
+
+def _checkpoint_folders(run_dir: Path) -> list[tuple[int, Path, ValueError | None]]:
+    """(iteration of the name, folder, what is wrong with its marker or None) of every `iter_*` folder, oldest first."""
     parent = Path(run_dir) / CHECKPOINTS_DIRNAME
+    if parent.exists() and not parent.is_dir():
+        raise ValueError(
+            f"{parent} is a file, not a folder of checkpoints. Fix: move it out of {parent.parent} (or choose "
+            "another run_dir=...) and rerun."
+        )
     if not parent.is_dir():
         return []
     found = []
     for path in parent.iterdir():
         match = _CHECKPOINT_NAME.match(path.name)
         if match and path.is_dir():
-            found.append((int(match.group(1)), path, _read_marker(path) is not None))
-    return sorted(found)
+            found.append((int(match.group(1)), path, _folder_problem(path, int(match.group(1)))))
+    return sorted(found, key=lambda item: item[:2])
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
     """Complete checkpoint folders of a run, oldest first (by iteration number).
 
     Saves write a temp folder and rename it whole, so an `iter_*` folder without a readable marker is damage, not
-    an unfinished save. Skipping it would restart the run and later overwrite it, so this raises instead.
+    an unfinished save, and one whose marker holds another iteration was renamed. Skipping it would restart or
+    rewind the run and later overwrite it, so this raises instead.
     """
     folders = _checkpoint_folders(run_dir)
-    for _, path, readable in folders:
-        if not readable:
-            raise ValueError(
-                f"Checkpoint {path} has a missing or damaged {MARKER_FILENAME}, so it cannot be trusted; it was "
-                f"left untouched. Fix: move that folder out of {path.parent} (keep it if you want to inspect it), "
-                "then rerun to continue from the previous complete checkpoint, or restore the marker."
-            )
+    for _, _, problem in folders:
+        if problem is not None:
+            raise problem
     return [path for _, path, _ in folders]
 
 
@@ -320,13 +394,21 @@ def _previous_hint(path: Path) -> str:
     iteration = int(match.group(1)) if match else None
     earlier = [
         other
-        for number, other, readable in _checkpoint_folders(path.parent.parent)
-        if readable and (iteration is None or number < iteration)
+        for number, other, problem in _checkpoint_folders(path.parent.parent)
+        if problem is None and (iteration is None or number < iteration)
     ]
     return f"resume from {earlier[-1]}" if earlier else "start the run afresh (no earlier complete checkpoint)"
 
 
-def _check_marker(path: Path, fingerprint: dict[str, Any] | None) -> dict[str, Any]:
+def verify_checkpoint(path: Path, fingerprint: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The integrity check every loader runs before it reads anything else; returns the marker.
+
+    Raises ValueError naming the cause and the fix when: the marker is missing, unreadable or of the wrong shape
+    (sizes and sha256 are mandatory); an `iter_N` folder holds another iteration (it was renamed); a file is not
+    listed in the marker, or is missing, resized or changed since the save; or, with `fingerprint`, the checkpoint
+    was made with a different setup.
+    """
+    path = Path(path)
     if not path.is_dir():
         raise ValueError(f"No checkpoint folder at {path}. Fix: pass a folder returned by latest_checkpoint(run_dir).")
     if not (path / MARKER_FILENAME).is_file():
@@ -335,11 +417,15 @@ def _check_marker(path: Path, fingerprint: dict[str, Any] | None) -> dict[str, A
             f"move it out of the run folder and {_previous_hint(path)}."
         )
     marker = _read_marker(path)
-    if marker is None:
+    problem = "is unreadable or corrupt" if marker is None else _marker_problem(marker)
+    if problem is not None:
         raise ValueError(
-            f"{path / MARKER_FILENAME} is unreadable or corrupt; move {path} out of the run folder and "
-            f"{_previous_hint(path)}."
+            f"{path / MARKER_FILENAME} {problem}, so the checkpoint cannot be verified; move {path} out of the run "
+            f"folder and {_previous_hint(path)}."
         )
+    match = _CHECKPOINT_NAME.match(path.name)
+    if match and int(match.group(1)) != marker["iteration"]:
+        raise _renamed(path, marker["iteration"])
     if fingerprint is not None:
         saved, current = marker.get("fingerprint", {}), _json_ready(fingerprint)
         differing = sorted(
@@ -354,7 +440,15 @@ def _check_marker(path: Path, fingerprint: dict[str, Any] | None) -> dict[str, A
                 f"Checkpoint {path} was made with a different setup ({details}). Fix: resume with the config the "
                 "run was started with, or start a new run in a fresh run_dir."
             )
-    for name, size in marker.get("file_sizes", {}).items():
+    on_disk = {str(file.relative_to(path)) for file in path.rglob("*") if file.is_file()} - {MARKER_FILENAME}
+    unlisted = sorted(on_disk - marker["file_sizes"].keys())
+    if unlisted:
+        raise ValueError(
+            f"Checkpoint file {path / unlisted[0]} is not listed in its {MARKER_FILENAME}: the save that completed the "
+            f"checkpoint did not write it, so it cannot be trusted. Fix: move it out of {path} (or move {path} out "
+            f"of the run folder and {_previous_hint(path)})."
+        )
+    for name, size in marker["file_sizes"].items():
         file = path / name
         if not file.is_file() or file.stat().st_size != size:
             actual = file.stat().st_size if file.is_file() else "missing"
@@ -362,7 +456,7 @@ def _check_marker(path: Path, fingerprint: dict[str, Any] | None) -> dict[str, A
                 f"Checkpoint file {file} is corrupt or truncated (expected {size} bytes, found {actual}); "
                 f"move {path} out of the run folder and {_previous_hint(path)}."
             )
-    for name, expected in marker.get("file_sha256", {}).items():
+    for name, expected in marker["file_sha256"].items():
         if _sha256(path / name) != expected:
             raise ValueError(
                 f"Checkpoint file {path / name} is corrupt (its sha256 differs from the one recorded when it was "
@@ -441,12 +535,19 @@ def load_checkpoint(
     mismatch (`fingerprint` given and different from the saved one), or module names/keys/shapes that differ.
     """
     path = Path(path)
-    _check_marker(path, fingerprint)
+    marker = verify_checkpoint(path, fingerprint)
     saved_modules = {file.stem for file in (path / "modules").glob("*.safetensors")}
     _check_names("modules", saved_modules, set(modules), path)
     optimizer_states = _torch_load(path / "optimizers.pt", path)
     scheduler_states = _torch_load(path / "schedulers.pt", path)
     state = _torch_load(path / "state.pt", path)
+    saved_iteration = state.get("iteration", marker["iteration"]) if isinstance(state, dict) else marker["iteration"]
+    if saved_iteration != marker["iteration"]:
+        raise ValueError(
+            f"Checkpoint {path}: its state.pt is of iteration {saved_iteration} but its {MARKER_FILENAME} says "
+            f"{marker['iteration']}, so the folder was renamed and its marker edited. Fix: move {path} out of the "
+            f"run folder and {_previous_hint(path)}."
+        )
     rng_states = _torch_load(path / "rng.pt", path)
     _check_names("optimizers", set(optimizer_states), set(optimizers), path)
     _check_names("schedulers", set(scheduler_states), set(schedulers), path)

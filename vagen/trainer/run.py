@@ -1,4 +1,8 @@
-"""A training run: resume, iterate, log, checkpoint, draw GIFs; Ctrl-C keeps the last checkpoint."""
+"""A training run: resume, iterate, log, checkpoint, draw GIFs; Ctrl-C keeps the last checkpoint.
+
+A run folder holds one run's history. Only `trainer.resume=auto` (or naming the folder's own latest checkpoint)
+continues a folder that already holds checkpoints or metrics; a fresh run there is refused before any model loads.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from vagen.env import make_env
 from vagen.logging import MetricsLogger, ProgressBar
+from vagen.logging.sinks import METRICS_FILENAME
 from vagen.rollout import Trajectory
-from vagen.trainer.checkpoint import latest_checkpoint
+from vagen.trainer.checkpoint import is_disk_full, latest_checkpoint
 from vagen.trainer.lock import run_dir_lock
 from vagen.trainer.loop import IterationLoop
 from vagen.trainer.starpo import StarPOTrainer
@@ -34,6 +39,29 @@ def resume_point(cfg: DictConfig) -> Path | None:
             raise ValueError(f"trainer.resume={resume!r} is a run folder without a complete checkpoint.")
         return latest
     return path
+
+
+def check_history(cfg: DictConfig, checkpoint: Path | None) -> None:
+    """Refuse to start a second history in a used run folder: its checkpoints would outrank the new run's (the
+    keep-N rotation deletes the new ones, a plain rerun resumes the old run) and the metrics would mix."""
+    run_dir, resume = Path(cfg.run_dir), str(cfg.trainer.resume)
+    if resume == "auto":
+        return
+    latest = latest_checkpoint(run_dir)
+    metrics = run_dir / METRICS_FILENAME
+    if latest is not None:
+        if checkpoint is not None and checkpoint.resolve() == latest.resolve():
+            return  # the folder's own latest checkpoint: the same as auto
+        held = f"checkpoints up to {latest.name}"
+    elif metrics.is_file() and metrics.stat().st_size > 0:
+        held = f"the {METRICS_FILENAME} of a run that saved no checkpoint"
+    else:
+        return
+    raise ValueError(
+        f"run_dir={run_dir} already holds a run ({held}); trainer.resume={resume} would start another history in "
+        "it, mixing the two runs' metrics and checkpoints. Fix: trainer.resume=auto to continue that run, or a "
+        "new run_dir=... for a fresh one."
+    )
 
 
 def build_trainer(cfg: DictConfig) -> IterationLoop:
@@ -67,11 +95,15 @@ def save_sample_gifs(trajectories: list[Trajectory], cfg: DictConfig, folder: Pa
 
 def save_segment_config(cfg: DictConfig, run_dir: Path, iteration: int) -> Path:
     """Write `run_dir/config.yaml`; a different config already there (an earlier segment of a resumed run) is kept
-    as `config.until_iter_NNNNNN.yaml` instead of being overwritten."""
+    as `config.until_iter_NNNNNN.yaml` (`-1`, `-2`, ... after it when several segments resumed at one iteration)."""
     path = run_dir / "config.yaml"
     text = OmegaConf.to_yaml(cfg, resolve=True)
     if path.exists() and path.read_text() != text:
-        os.replace(path, run_dir / f"config.until_iter_{iteration:06d}.yaml")
+        segment, number = run_dir / f"config.until_iter_{iteration:06d}.yaml", 0
+        while segment.exists():
+            number += 1
+            segment = run_dir / f"config.until_iter_{iteration:06d}-{number}.yaml"
+        os.replace(path, segment)
     path.write_text(text)
     return path
 
@@ -108,21 +140,50 @@ def _timed_validation(trainer: IterationLoop) -> dict[str, float]:
     return val
 
 
+def _make_run_dir(run_dir: Path) -> bool:
+    """Create `run_dir` (and its parents); return whether it was created."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"run_dir={run_dir} is a file, not a folder. Fix: choose another run_dir=... (or move it).")
+    created = not run_dir.exists()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(
+            f"Cannot create run_dir={run_dir} ({error.strerror}). Fix: choose a run_dir=... in a folder you can "
+            "write to."
+        ) from error
+    return created
+
+
 def train(cfg: DictConfig) -> Path:
     """Run `cfg.trainer.iterations` iterations in `cfg.run_dir` (continuing a checkpoint if asked)."""
     run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with run_dir_lock(run_dir):  # before any model loads: a second run into this folder fails at once
-        trainer = build_trainer(cfg)
-        try:
-            return _train_locked(trainer, cfg)
-        finally:
-            trainer.close()
+    created = _make_run_dir(run_dir)
+    try:
+        with run_dir_lock(run_dir):  # before any model loads: a second run into this folder fails at once
+            checkpoint = resume_point(cfg)  # reads the checkpoint markers: a damaged folder fails here too
+            check_history(cfg, checkpoint)
+            trainer = build_trainer(cfg)
+            try:
+                return _train_locked(trainer, cfg, checkpoint)
+            except Exception as error:
+                if isinstance(error, ValueError) or not is_disk_full(error):  # a ValueError already says it
+                    raise
+                last = latest_checkpoint(run_dir)
+                raise ValueError(
+                    f"No space left on the device while writing to {run_dir} ({error}); the last complete "
+                    f"checkpoint {last or '(none)'} is intact. Fix: free disk space and rerun the command to resume."
+                ) from error
+            finally:
+                trainer.close()
+    except BaseException:
+        if created and run_dir.is_dir() and not any(run_dir.iterdir()):  # a start that failed leaves no folder
+            run_dir.rmdir()
+        raise
 
 
-def _train_locked(trainer: IterationLoop, cfg: DictConfig) -> Path:
+def _train_locked(trainer: IterationLoop, cfg: DictConfig, checkpoint: Path | None) -> Path:
     run_dir = trainer.run_dir
-    checkpoint = resume_point(cfg)
     if checkpoint is not None:
         trainer.restore(checkpoint)
     save_segment_config(cfg, run_dir, trainer.iteration)
