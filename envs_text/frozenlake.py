@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from envs_text.limits import check_grid
 from vagen.env.base import ActionResult, LanguageEnv
 from vagen.env.observation import check_cell_separator
 from vagen.env.policies import relative_direction
@@ -182,6 +183,8 @@ class FrozenLakeTextEnv(LanguageEnv):
         self.cell_separator = check_cell_separator(cell_separator)
         if desc is None and size < 2:
             raise ValueError(f"size must be >= 2 so that start and goal differ, got {size}.")
+        if desc is None:
+            check_grid(size, size, "size", size)
         if not 0.0 < p_frozen <= 1.0:
             raise ValueError(f"p_frozen is the probability that a cell is frozen, in (0, 1], got {p_frozen}.")
         if max_steps < 1:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from envs_text.limits import check_grid
 from vagen.env.base import ActionResult, LanguageEnv
 from vagen.env.policies import relative_direction
 
@@ -175,6 +176,7 @@ class NavigationTextEnv(LanguageEnv):
         super().__init__(**base_kwargs)
         if size < 4:
             raise ValueError(f"size must be >= 4 (a border of walls around at least 2x2 floor), got {size}.")
+        check_grid(size, size, "size", size)
         if not 1 <= num_objects <= min(MAX_OBJECTS, len(COLOURS) * len(OBJECT_TYPES)):
             raise ValueError(f"num_objects must be in 1..{MAX_OBJECTS} (digits 1-9 in the text), got {num_objects}.")
         if num_walls < 0 or num_walls + num_objects + 2 > (size - 2) ** 2:

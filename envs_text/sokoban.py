@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from envs_text.boxoban import load_level_set
+from envs_text.limits import check_grid
 from envs_text.sokoban_level import (  # re-exported: the board is part of this module's public surface
     ACTIONS,
     BOX,
@@ -221,6 +222,7 @@ class SokobanTextEnv(LanguageEnv):
         self.list_positions = list_positions
         if len(dim_room) != 2 or min(dim_room) < 5:
             raise ValueError(f"dim_room must be (height, width) with both >= 5, got {dim_room!r}.")
+        check_grid(dim_room[0], dim_room[1], "dim_room", list(dim_room))
         if num_boxes < 1:
             raise ValueError(f"num_boxes must be >= 1, got {num_boxes}.")
         if max_steps < 1:

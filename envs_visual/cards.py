@@ -12,7 +12,7 @@ from typing import Any
 from PIL import Image, ImageDraw
 
 from envs_text.cards import Card, CardsTextEnv
-from envs_visual.tiles import check_image_size, draw_centered_text, font
+from envs_visual.tiles import check_image_fits, check_image_size, draw_centered_text, font
 
 DEFAULT_IMAGE_SIZE = (320, 192)
 MINIMUM_IMAGE_SIZE = (160, 96)
@@ -184,6 +184,9 @@ class CardsEnv(CardsTextEnv):
 
     def __init__(self, *, image_size: Sequence[int] = DEFAULT_IMAGE_SIZE, **kwargs: Any) -> None:
         self.image_size = check_image_size(image_size, minimum=MINIMUM_IMAGE_SIZE)
+        self.image_pixels = check_image_fits(
+            *self.image_size, f"image_size={list(self.image_size)}", "lower image_size", _SCALE
+        )
         super().__init__(**kwargs)
 
     def _render_image(self) -> Image.Image:

@@ -8,7 +8,7 @@ from typing import Any
 from PIL import Image, ImageDraw
 
 from envs_text.countdown import CountdownTextEnv
-from envs_visual.tiles import check_image_size, draw_centered_text
+from envs_visual.tiles import check_image_fits, check_image_size, draw_centered_text
 
 DEFAULT_IMAGE_SIZE = (320, 192)
 _SCALE = 2  # drawn at 2× and box-filtered down: smooth edges, final size exactly image_size
@@ -60,6 +60,9 @@ class CountdownEnv(CountdownTextEnv):
 
     def __init__(self, *, image_size: Sequence[int] = DEFAULT_IMAGE_SIZE, **kwargs: Any) -> None:
         self.image_size = check_image_size(image_size, minimum=(128, 80))
+        self.image_pixels = check_image_fits(
+            *self.image_size, f"image_size={list(self.image_size)}", "lower image_size", _SCALE
+        )
         super().__init__(**kwargs)
 
     def _render_image(self) -> Image.Image:

@@ -9,7 +9,14 @@ from PIL import Image
 
 from envs_text import frozenlake as text_game
 from envs_text.frozenlake import FrozenLakeTextEnv
-from envs_visual.tiles import FROZENLAKE_CODES, cells_text, check_tile_px, frozenlake_atlas, render_grid
+from envs_visual.tiles import (
+    FROZENLAKE_CODES,
+    cells_text,
+    check_grid_image,
+    check_tile_px,
+    frozenlake_atlas,
+    render_grid,
+)
 
 # The atlas row for a cell is its grid() code: fail at import if the text game ever renumbers them.
 assert [getattr(text_game, name.upper()) for name in FROZENLAKE_CODES] == list(range(len(FROZENLAKE_CODES)))
@@ -34,6 +41,8 @@ class FrozenLakeEnv(FrozenLakeTextEnv):
     def __init__(self, *, tile_px: int = DEFAULT_TILE_PX, **kwargs: Any) -> None:
         self.tile_px = check_tile_px(tile_px)
         super().__init__(**kwargs)
+        rows, cols = (len(self.fixed_desc), len(self.fixed_desc[0])) if self.fixed_desc else (self.size, self.size)
+        self.image_pixels = check_grid_image(rows, cols, self.tile_px)
 
     def _render_image(self) -> Image.Image:
         return render_frozenlake(self.grid(), self.tile_px)

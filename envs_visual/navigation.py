@@ -11,7 +11,7 @@ from PIL import Image
 
 from envs_text import navigation as text_game
 from envs_text.navigation import COLOURS, OBJECT_TYPES, NavigationTextEnv, object_code
-from envs_visual.tiles import RGB, Painter, Pen, build_atlas, check_tile_px, figure, render_grid
+from envs_visual.tiles import RGB, Painter, Pen, build_atlas, check_grid_image, check_tile_px, figure, render_grid
 
 DEFAULT_TILE_PX = 28  # one 28-pixel tile = one merged 2x2 patch of Qwen2.5-VL's 14-pixel grid
 
@@ -117,6 +117,7 @@ class NavigationEnv(NavigationTextEnv):
     def __init__(self, *, tile_px: int = DEFAULT_TILE_PX, **kwargs: Any) -> None:
         self.tile_px = check_tile_px(tile_px)
         super().__init__(**kwargs)
+        self.image_pixels = check_grid_image(self.size, self.size, self.tile_px)
 
     def _render_image(self) -> Image.Image:
         return render_navigation(self.grid(), self.tile_px)

@@ -9,7 +9,7 @@ from PIL import Image
 
 from envs_text import sokoban as text_game
 from envs_text.sokoban import SokobanTextEnv
-from envs_visual.tiles import SOKOBAN_CODES, cells_text, check_tile_px, render_grid, sokoban_atlas
+from envs_visual.tiles import SOKOBAN_CODES, cells_text, check_grid_image, check_tile_px, render_grid, sokoban_atlas
 
 # The atlas row for a cell is its grid() code: fail at import if the text game ever renumbers them.
 assert [getattr(text_game, name.upper()) for name in SOKOBAN_CODES] == list(range(len(SOKOBAN_CODES)))
@@ -34,6 +34,10 @@ class SokobanEnv(SokobanTextEnv):
     def __init__(self, *, tile_px: int = DEFAULT_TILE_PX, **kwargs: Any) -> None:
         self.tile_px = check_tile_px(tile_px)
         super().__init__(**kwargs)
+        shapes = [level.layout.shape for level in self._levels] if self._levels else [self.dim_room]
+        self.image_pixels = check_grid_image(
+            max(rows for rows, _ in shapes), max(cols for _, cols in shapes), self.tile_px
+        )
 
     def _render_image(self) -> Image.Image:
         return render_sokoban(self.grid(), self.tile_px)

@@ -9,7 +9,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from envs_text.sudoku import SudokuTextEnv, cell_name
-from envs_visual.tiles import draw_centered_text
+from envs_visual.tiles import check_image_fits, draw_centered_text
 
 DEFAULT_CELL_PX = 40
 MIN_CELL_PX = 16
@@ -90,6 +90,8 @@ class SudokuEnv(SudokuTextEnv):
     def __init__(self, *, cell_px: int = DEFAULT_CELL_PX, **kwargs: Any) -> None:
         self.cell_px = check_cell_px(cell_px)
         super().__init__(**kwargs)
+        side = image_side(self.size, self.cell_px)
+        self.image_pixels = check_image_fits(side, side, f"cell_px={self.cell_px}", "lower cell_px", _SCALE)
 
     def _render_image(self) -> Image.Image:
         return render_sudoku(self.digits, self.given, self.cell_px)

@@ -17,6 +17,8 @@ from functools import lru_cache
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from envs_text.limits import check_fits, memory_budget
+
 SUPERSAMPLE = 4
 MIN_TILE_PX = 8
 
@@ -81,6 +83,33 @@ def check_tile_px(tile_px: int) -> int:
             f"got {tile_px!r}; try 16, 24 or 32."
         )
     return int(tile_px)
+
+
+# An observation pixel: the gathered tiles and their contiguous copy (3 + 3 bytes), PIL's RGB image (4), and the
+# processor's float32 rescaled and normalised copies (2 x 12); a drawing canvas holds 4 bytes per pixel.
+BYTES_PER_PIXEL = 34
+CANVAS_BYTES_PER_PIXEL = 4
+
+
+def check_image_fits(width: int, height: int, what: str, fix: str, supersample: int = 1) -> int:
+    """Refuse an observation image of width × height pixels (drawn on a `supersample`× canvas) that cannot fit in
+    memory, before anything is drawn; `what` and `fix` name the option in the message. Returns its pixel count, which
+    visual envs keep as `image_pixels` so that a trainer can plan a batch of images before the first one is drawn."""
+    need = width * height * (BYTES_PER_PIXEL + CANVAS_BYTES_PER_PIXEL * supersample**2)
+    check_fits(need, f"{what} draws a {width}x{height} image", fix)
+    return width * height
+
+
+def check_grid_image(rows: int, cols: int, tile_px: int) -> int:
+    """Refuse a `tile_px` whose image of a rows × cols grid (and its supersampled sprites) cannot fit in memory;
+    returns the image's pixel count."""
+    per_tile = rows * cols * BYTES_PER_PIXEL + CANVAS_BYTES_PER_PIXEL * SUPERSAMPLE**2
+    budget = memory_budget()
+    largest = int((budget / per_tile) ** 0.5) if budget else tile_px
+    fix = f"lower tile_px (at most {largest} fits; 28 px is one Qwen2.5-VL token per cell)"
+    if tile_px > largest:
+        check_image_fits(cols * tile_px, rows * tile_px, f"tile_px={tile_px}", fix)
+    return rows * cols * tile_px**2
 
 
 def build_atlas(layers_per_code: Sequence[Sequence[Painter]], tile_px: int) -> np.ndarray:

@@ -2,8 +2,10 @@
 
 Every option is in configs/ (train.yaml and its groups env/, model/, algorithm/, filter/, rollout/,
 logger/); the run's config, metrics.jsonl, checkpoints and GIFs go to `run_dir`.
-A configuration or checkpoint problem ends with one line naming the cause and the fix (exit 2), and
-Ctrl-C with the last complete checkpoint (exit 130), without a traceback.
+Every option is type- and range-checked before any model loads (vagen/trainer/config.py, OPTIONS). A configuration
+or checkpoint problem, or training that turns non-finite (inf/NaN, stopped before the step that would write it),
+ends with one line naming the cause and the fix (exit 2), and Ctrl-C with the last complete checkpoint (exit 130),
+without a traceback.
 """
 
 import sys

@@ -92,3 +92,19 @@ def test_script_prints_and_writes_each_models_probe_and_refuses_what_it_cannot_p
         refused = subprocess.run([sys.executable, str(ROOT / "scripts" / "move_probe.py"), *bad],
                                  capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
         assert refused.returncode == 2 and message in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_a_game_whose_answer_is_free_form_is_refused_and_the_trainer_leaves_the_probe_out():
+    """Cards (like Countdown) answers with one free-form formula: there is no finite set of first moves to score."""
+    from hydra import compose, initialize_config_dir
+
+    from vagen.trainer.starpo import StarPOTrainer
+
+    for observation in ("text", "image"):
+        with pytest.raises(ValueError, match=r"no finite set of moves"):
+            check_probeable(make_env("vagen/Cards-v0", observation=observation))
+    small = ["trainer.groups=2", "trainer.group_size=2", "trainer.mini_batch_size=4", "trainer.micro_batch_size=2"]
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        cfg = compose("train", overrides=["env=cards_text", "model=tiny_text_test", *small, "trainer.eval_episodes=2"])
+    trainer = StarPOTrainer(cfg)
+    assert trainer.move_probe() == {} and trainer.probe_states == []

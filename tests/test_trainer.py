@@ -559,3 +559,27 @@ def test_lora_reference_is_the_base_model_with_adapters_off_and_no_second_copy()
     # The adapters are on again after scoring the reference, and trained: the policy has moved away from it.
     assert not torch.allclose(scored.old_logprobs, scored.ref_logprobs, atol=1e-6)
     assert all(p.requires_grad for n, p in trainer.model.named_parameters() if "lora_" in n)
+
+
+def test_a_non_finite_update_stops_before_the_step_and_names_the_intact_checkpoint(tmp_path):
+    """A value model that diverged (NaN weights) makes the advantages, the loss and the gradient NaN: the update must
+    stop before any optimizer steps (nothing is written from it), naming the iteration and the last checkpoint."""
+    from vagen.trainer.checkpoint import latest_checkpoint
+
+    overrides = [*TEXT, "algorithm=ppo", "filter.empty_policy=keep_all", "trainer.save_every=1"]
+    train(config([*overrides, "trainer.iterations=1"], tmp_path))
+    run_dir = tmp_path / "run"
+    saved = latest_checkpoint(run_dir)
+    files = {path: path.read_bytes() for path in saved.rglob("*") if path.is_file()}
+    trainer = StarPOTrainer(config([*overrides, "trainer.iterations=2"], tmp_path))
+    trainer.restore(saved)
+    with torch.no_grad():
+        trainer.critic.value_head.weight.fill_(float("nan"))
+    policy = snapshot(trainer.model)
+    steps = {name: [s["step"].item() for s in opt.state.values()] for name, opt in trainer.optimizers.items()}
+    with pytest.raises(ValueError, match=r"iteration 2: .*nan.*iter_000001 .*intact") as error:
+        trainer.train_iteration()
+    assert type(error.value).__name__ == "NonFiniteTraining"
+    assert all(torch.equal(p, policy[name]) for name, p in trainer.model.named_parameters())
+    assert steps == {name: [s["step"].item() for s in opt.state.values()] for name, opt in trainer.optimizers.items()}
+    assert latest_checkpoint(run_dir) == saved and all(path.read_bytes() == data for path, data in files.items())

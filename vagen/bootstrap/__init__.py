@@ -1,5 +1,6 @@
 """Models the project builds offline: untrained tiny models (`tiny`) and supervised warm starts on solver
-demonstrations (`demos`, `warmstart`; `scripts/sft.py`), of which the `tiny_vl` default is one. Their model
+demonstrations (`demos`, `warmstart`; `scripts/sft.py`), of which the `tiny_vl` default and the text default
+`tiny_text` (`tiny_text`) are two. Their model
 sources (`sources`) register through the `vagen.model_sources` entry point."""
 
 from vagen.bootstrap.demos import Demo, demonstrations, play_demo, sft_batch

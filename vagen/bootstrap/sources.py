@@ -1,6 +1,7 @@
 """The model sources built offline: `tiny_vl` (the warm-started tiny Qwen2.5-VL, shipped or built once by
 `build_warm_tiny_vl`), `smollm2_warm` (SmolLM2-135M-Instruct with its shipped text warm-start adapter),
-`tiny_vl_random` and `tiny_text` (untrained tiny models).
+`tiny_text_warm` (the text default `tiny_text`, shipped or built once by `build_warm_tiny_text`), `tiny_vl_random`,
+`tiny_text_random` and `tiny_text` (untrained tiny models; `tiny_text` shares tiny_vl's tokenizer, for tests).
 
 Registered through the `vagen.model_sources` entry point (pyproject.toml), so `vagen.models` finds them
 without importing this layer.
@@ -8,7 +9,10 @@ without importing this layer.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from vagen.bootstrap.tiny import build_tiny_text_lm, build_tiny_vl
+from vagen.bootstrap.tiny_text import TINY_TEXT_RECIPE, build_tiny_text, build_warm_tiny_text
 from vagen.bootstrap.warmstart import SHIPPED_DIR, WarmStartRecipe, build_warm_tiny_vl
 from vagen.models.lora import materialize_adapter
 from vagen.models.registry import MODEL_SOURCES
@@ -65,3 +69,16 @@ def tiny_vl_random_source(path: str | None, size: str | None) -> str:
 @MODEL_SOURCES.register("tiny_text")
 def tiny_text_source(path: str | None, size: str | None) -> str:
     return str(build_tiny_text_lm(size=size or "default"))
+
+
+@MODEL_SOURCES.register("tiny_text_warm")
+def tiny_text_warm_source(path: str | None, size: str | None) -> str:
+    size = size or "default"
+    quick = {**QUICK_WARM_START, "vision_steps": 0}  # the test size: a text model has no vision tower
+    recipe = TINY_TEXT_RECIPE if size == "default" else replace(TINY_TEXT_RECIPE, size=size, **quick)
+    return str(build_warm_tiny_text(recipe=recipe))
+
+
+@MODEL_SOURCES.register("tiny_text_random")
+def tiny_text_random_source(path: str | None, size: str | None) -> str:
+    return str(build_tiny_text(size=size or "default"))

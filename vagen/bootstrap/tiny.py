@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     GenerationConfig,
     PreTrainedModel,
@@ -156,16 +156,20 @@ def corpus_digest(corpus: list[str], vocab_size: int = BPE_VOCAB_SIZE) -> str:
     return digest.hexdigest()
 
 
-def train_tiny_tokenizer(corpus: list[str], vocab_size: int = BPE_VOCAB_SIZE) -> PreTrainedTokenizerFast:
+def train_tiny_tokenizer(
+    corpus: list[str], vocab_size: int = BPE_VOCAB_SIZE, isolate: str | None = None
+) -> PreTrainedTokenizerFast:
     """A byte-level BPE with Qwen2.5-VL's special-token strings and chat template.
 
     Special tokens get ids 0..6 in `QWEN_VL_SPECIAL_TOKENS` order. Like Qwen, digits are split
     one per token (arithmetic in Countdown stays regular), `<|im_end|>` ends a turn (eos) and
-    `<|endoftext|>` pads.
+    `<|endoftext|>` pads. `isolate`: a regex whose every match is its own pre-token, so BPE never merges it with
+    a neighbour (the tiny text model's grid cells, `vagen.bootstrap.tiny_text.GRID_CELL_PATTERN`).
     """
     bpe = Tokenizer(models.BPE())
+    splits = [pre_tokenizers.Split(Regex(isolate), behavior="isolated")] if isolate else []
     bpe.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        [*splits, pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
     )
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(

@@ -6,8 +6,9 @@ little better reads as "no measurable change". The probe takes the sampling out.
 every action of the game, the response a demonstration would give there with that one action (`described_response`:
 the game's demonstration reasoning, then the action, in the env's response format). Scored under a policy, the
 softmax over those responses is its preference among first moves given a correct reading of the state, and the
-solver says which moves are optimal (they shorten its fewest-moves plan by one, or solve). Games need
-`solver_actions()`, `demo_reasoning()` and deterministic moves (not slippery FrozenLake).
+solver says which moves are optimal (they shorten its fewest-moves plan by one, or solve). Games need named moves
+(`action_names`; not a free-form answer such as a Cards or Countdown formula), `solver_actions()`, `demo_reasoning()`
+and deterministic moves (not slippery FrozenLake).
 """
 
 from __future__ import annotations
@@ -35,8 +36,13 @@ class ProbeState:
 
 
 def check_probeable(env: gymnasium.Env) -> None:
-    """Raise a ValueError naming what is missing when the game has no solver or no demonstration reasoning."""
+    """Raise a ValueError naming what is missing when the game has no finite set of moves (its answer is one
+    free-form action, e.g. a formula), no solver or no demonstration reasoning, or moves that slip at random."""
     env.reset(seed=0)
+    if not env.unwrapped.action_names:
+        raise ValueError(f"{type(env.unwrapped).__name__} answers with one free-form action (action_names is None): "
+                         "there is no finite set of moves to compare, so the first-move probe cannot score it (games "
+                         "with named moves, such as Sokoban and FrozenLake, can).")  # fmt: skip
     try:
         env.unwrapped.solver_actions()
         env.unwrapped.demo_reasoning()

@@ -1,110 +1,617 @@
-"""Cross-field checks of a training config, run before any model loads; each error says the fix."""
+"""The options of a training config and their checks, run before any model loads; each error says the fix.
+
+`OPTIONS` is the one table of every option of configs/train.yaml and its groups: its type, the values it may take and
+what it means. `check_options` reads it to refuse, with the option's name and range, a missing or misspelt key, a
+value of the wrong type (a string where a number or a boolean belongs), a non-finite number and a number out of its
+range; the cross-field checks below then say which combination to change. Numbers must be finite and booleans real
+booleans: inf, nan, "maybe" or 1 never silently turn a run inert (a zero update, KL off) or wrong (NaN weights).
+"""
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
+import inspect
+import math
 import re
 import warnings
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from vagen.algos.advantages import ADVANTAGE_ESTIMATORS
 from vagen.algos.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
+from vagen.diagnostics.scoring import SCOPES
 from vagen.engines import ENGINES
-from vagen.env import make_env
+from vagen.env import OBSERVATION_MODES, RESPONSE_FORMATS, make_env
 from vagen.filtering import EMPTY_POLICIES, FILTER_STRATEGIES, SPREAD_STATS
 from vagen.logging.sinks import WANDB_MODES
 from vagen.models.lora import require_peft
+from vagen.models.registry import MODALITIES, model_sources
 from vagen.rollout.context import DialogueFormatter
+from vagen.rollout.validation import EVAL_SEED_BASE
+from vagen.trainer.levels import LEVEL_SAMPLERS
 from vagen.trainer.loop import SEED_STRIDE
+from vagen.trainer.memory_plan import GIB, available_memory
 
 CRITIC_ESTIMATORS = ("gae", "bilevel_gae")
 GROUP_ESTIMATORS = ("grpo", "grpo_turn", "gigpo", "drgrpo", "rloo")
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+MAX_SEED = EVAL_SEED_BASE // SEED_STRIDE - 1  # run seed s trains on env seeds s·SEED_STRIDE + k, below evaluation's
+REWARD = "[-1e6, 1e6]"  # rewards are summed, normalised and stored in float32: larger magnitudes swamp the rest
+PENALTY, BONUS = "[-1e6, 0]", "[0, 1e6]"
+TEMPERATURE = "0 | [0.01, 100]"  # 0 = greedy; logits / T with a smaller T overflow (inf, then NaN probabilities)
+# Mappings passed whole to a constructor, which refuses unknown keys (the last two: scripts/evaluate.py's).
+OPEN_SECTIONS = ("env.kwargs", "rollout.engine_kwargs", "env_overrides", "model_overrides")
 
 
+@dataclass(frozen=True)
+class Option:
+    """One option: its type (`int`, `float`, `bool`, `str`, `list[str]`, `list[int]`; `| None` where null is
+    allowed); the values it may take (numbers: intervals such as "(0, 1]" or "0 | [0.01, 100]", inf for no bound,
+    finite values only; strings and lists of strings: the choices, or a function returning them; lists of numbers:
+    the interval of each item); and a one-line meaning."""
+
+    type: Any
+    values: str | Sequence[str] | Callable[[], Sequence[str]] = ""
+    doc: str = ""
+
+
+# fmt: off
+OPTIONS: dict[str, Option] = {
+    # ---- run ---------------------------------------------------------------------------------------------------
+    "seed": Option(int, f"[0, {MAX_SEED}]", "run seed (model init, sampling, shuffling); its training levels start "
+                   f"at seed·{SEED_STRIDE}, below the held-out evaluation seeds ({EVAL_SEED_BASE:,})"),
+    "device": Option(str, DEVICES, "auto (cuda if available) | cpu | cuda"),
+    "run_dir": Option(str, "", "folder of the run's config, metrics, checkpoints and GIFs"),
+    # ---- trainer -----------------------------------------------------------------------------------------------
+    "trainer.iterations": Option(int, "[1, inf)", "training iterations (rollout + update)"),
+    "trainer.workers": Option(int, "[1, inf)", "data-parallel replicas (N > 1: Ray actors)"),
+    "trainer.groups": Option(int, "[1, inf)", "P: initial states (env seeds) per iteration"),
+    "trainer.group_size": Option(int, "[1, inf)", "N: rollouts per initial state"),
+    "trainer.level_pool": Option(int, f"[0, {SEED_STRIDE}]", "0: new levels every iteration; L: cycle through L"),
+    "trainer.level_sampler": Option(str, LEVEL_SAMPLERS, "fresh levels, or prioritised level replay (plr)"),
+    "trainer.plr.replay_prob": Option(float, "[0, 1]", "chance that a group slot replays a seen level"),
+    "trainer.plr.temperature": Option(float, "(0, inf)", "β of the rank weighting (1/rank)^(1/β)"),
+    "trainer.plr.staleness": Option(float, "[0, 1]", "ρ: weight of the staleness distribution"),
+    "trainer.plr.buffer_size": Option(int, "[1, inf)", "levels remembered by prioritised replay"),
+    "trainer.ppo_epochs": Option(int, "[1, inf)", "passes over the batch per iteration"),
+    "trainer.mini_batch_size": Option(int, "[1, inf)", "dialogues per optimizer step"),
+    "trainer.micro_batch_size": Option(int, "[1, inf)", "most dialogues per forward/backward (accumulated)"),
+    "trainer.lr": Option(float, "(0, 1]", "policy learning rate (AdamW: each weight moves by about lr per step)"),
+    "trainer.critic_lr": Option(float, "(0, 1]", "critic learning rate (AdamW)"),
+    "trainer.weight_decay": Option(float, "[0, inf)", "AdamW weight decay (each step shrinks weights by lr·decay)"),
+    "trainer.adam_eps": Option(float, "(0, 1]", "policy AdamW eps (steps are lr·m/(sqrt(v)+eps): a large eps "
+                               "makes every update vanish)"),
+    "trainer.warmup_iterations": Option(int, "[0, inf)", "linear learning-rate warm-up, in iterations"),
+    "trainer.max_grad_norm": Option(float, "(0, inf)", "gradient clipping norm (0 would zero every update)"),
+    "trainer.freeze_vision": Option(bool, "", "keep the vision tower's weights fixed"),
+    "trainer.eval_every": Option(int, "[0, inf)", "held-out validation every this many iterations (0 = off)"),
+    "trainer.eval_episodes": Option(int, "[1, inf)", "held-out episodes per validation"),
+    "trainer.eval_temperature": Option(float, TEMPERATURE, "sampling temperature of validation (0 = greedy)"),
+    "trainer.eval_move_probe": Option(bool, "", "each validation also scores the first-move probe"),
+    "trainer.reuse_first_forward": Option(bool, "", "the first mini-batch's old log-probs come from its forward"),
+    "trainer.bf16": Option(bool, "", "bf16 autocast for forward/backward"),
+    "trainer.gradient_checkpointing": Option(bool, "", "recompute activations in backward (less memory)"),
+    "trainer.memory_check": Option(bool, "", "refuse a run whose memory plan exceeds the device"),
+    "trainer.lora.enabled": Option(bool, "", "train LoRA adapters instead of all weights (needs peft)"),
+    "trainer.lora.r": Option(int, "[1, inf)", "LoRA rank"),
+    "trainer.lora.alpha": Option(float, "(0, inf)", "LoRA scaling"),
+    "trainer.lora.dropout": Option(float, "[0, 1)", "LoRA dropout"),
+    "trainer.lora.target_modules": Option(list[str], "", "module names to adapt"),
+    "trainer.save_every": Option(int, "[1, inf)", "checkpoint every this many iterations (and at the end)"),
+    "trainer.keep_checkpoints": Option(int, "[1, inf)", "complete checkpoints kept on disk"),
+    "trainer.resume": Option(str, "", "auto | never | a run folder | a checkpoint folder"),
+    "trainer.viz_every": Option(int, "[0, inf)", "GIFs of sample episodes every this many iterations (0 = never)"),
+    "trainer.viz_episodes": Option(int, "[1, inf)", "episodes per GIF batch"),
+    "ray.address": Option(str | None, "", "null: a local Ray | auto | host:port"),
+    "ray.cpus_per_worker": Option(int | None, "[1, inf)", "CPU threads per Ray worker (null: automatic)"),
+    # ---- diagnostics -------------------------------------------------------------------------------------------
+    "diagnostics.compute_freq": Option(int, "[0, inf)", "MI proxies every this many iterations (0 = off)"),
+    "diagnostics.scopes": Option(list[str], SCOPES.names, "what the MI proxies score"),
+    "diagnostics.max_prompts": Option(int, "[2, inf)", "B: prompts each reasoning is scored under (MI needs 2)"),
+    "diagnostics.max_reasonings": Option(int, "[1, inf)", "Z: reasoning samples scored"),
+    "diagnostics.micro_batch": Option(int, "[1, inf)", "continuations per forward when scoring"),
+    "diagnostics.image_probe": Option(bool, "", "score reasoning under another state's image and a blank one"),
+    "diagnostics.mi_threshold_fraction": Option(float, "[0, 1]", "MI is high above this fraction of log B"),
+    "diagnostics.h_threshold": Option(float | None, "[0, inf)", "H(Z|X) per token is high above this (null: auto)"),
+    "diagnostics.echo_window": Option(int, "[2, inf)", "Echo Trap: iterations compared (older vs newer half)"),
+    "diagnostics.echo_spike_factor": Option(float, "(1, inf)", "Echo Trap: a gradient-norm spike is this many "
+                                            "times the recent median"),
+    # ---- logger ------------------------------------------------------------------------------------------------
+    "logger.wandb_mode": Option(str, WANDB_MODES, "offline | online | disabled"),
+    "logger.project": Option(str, "", "wandb project"),
+    "logger.run_name": Option(str | None, "", "wandb run name (null: the run folder's name)"),
+    "logger.progress": Option(bool, "", "progress bar"),
+    # ---- model -------------------------------------------------------------------------------------------------
+    "model.name": Option(str, "", "short name used in logs and output paths"),
+    "model.source": Option(str, model_sources, "how the model folder is found or built"),
+    "model.path": Option(str | None, "", "hub name or local folder (source=pretrained, lora_adapter)"),
+    "model.size": Option(str | None, "", "size of an offline-built model (tiny: test | default)"),
+    "model.modality": Option(str, MODALITIES, "vision | text"),
+    "model.dtype": Option(str, DTYPES, "weight dtype (auto: bf16 on GPU, fp32 on CPU)"),
+    # ---- algorithm ---------------------------------------------------------------------------------------------
+    "algorithm.name": Option(str, "", "preset name used in logs and output paths"),
+    "algorithm.advantage": Option(str, ADVANTAGE_ESTIMATORS.names, "advantage estimator"),
+    "algorithm.critic": Option(bool, "", "train a value model (gae, bilevel_gae)"),
+    "algorithm.gamma": Option(float, "[0, 1]", "token-level discount"),
+    "algorithm.lam": Option(float, "[0, 1]", "token-level GAE lambda"),
+    "algorithm.gamma_turn": Option(float, "[0, 1]", "turn-level discount"),
+    "algorithm.lam_turn": Option(float, "[0, 1]", "turn-level GAE lambda"),
+    "algorithm.step_weight": Option(float, "[0, inf)", "gigpo: weight of the step-level advantage"),
+    "algorithm.normalize_std": Option(bool, "", "gigpo: divide both levels by their group's std"),
+    "algorithm.whiten_advantages": Option(bool, "", "normalise advantages over the batch's sampled tokens"),
+    "algorithm.advantage_min": Option(float | None, "(-inf, 0]", "clamp advantages from below (0 = self-imitation); a "
+                                      "positive floor would push up every sampled text, the worst ones included"),
+    "algorithm.clip_low": Option(float, "(0, 1)", "PPO ratio clip below: 1 - clip_low"),
+    "algorithm.clip_high": Option(float, "(0, inf)", "PPO ratio clip above: 1 + clip_high"),
+    "algorithm.dual_clip_c": Option(float | None, "(1, inf)", "dual clip for negative advantages (null = off)"),
+    "algorithm.loss_agg": Option(str, LOSS_AGGREGATIONS.names, "loss aggregation over tokens and sequences"),
+    "algorithm.entropy_coef": Option(float, "[0, inf)", "entropy bonus (a negative one would push entropy down)"),
+    "algorithm.kl_coef": Option(float, "[0, inf)", "KL-to-reference weight (0 removes the reference model)"),
+    "algorithm.kl_kind": Option(str, KL_ESTIMATORS.names, "KL estimator"),
+    "algorithm.value_clip": Option(float, "(0, inf)", "clipped value loss range (critic only)"),
+    # ---- filter ------------------------------------------------------------------------------------------------
+    "filter.strategy": Option(str, FILTER_STRATEGIES.names, "group filter by reward spread"),
+    "filter.value": Option(float, "(-inf, inf)", "the strategy's parameter (the strategy checks its range)"),
+    "filter.stat": Option(str, SPREAD_STATS.names, "reward spread statistic per group"),
+    "filter.empty_policy": Option(str, EMPTY_POLICIES, "when no group is kept: skip | reroll | keep_all"),
+    "filter.max_rerolls": Option(int, "[0, inf)", "reroll attempts before skipping"),
+    # ---- rollout -----------------------------------------------------------------------------------------------
+    "rollout.engine": Option(str, ENGINES.names, "generation backend"),
+    "rollout.max_new_tokens": Option(int, "[1, inf)", "tokens the policy may write per turn"),
+    "rollout.temperature": Option(float, TEMPERATURE, "sampling temperature during training (0 = greedy)"),
+    "rollout.top_p": Option(float, "(0, 1]", "nucleus sampling (1 = off)"),
+    "rollout.max_context_tokens": Option(int, "[2, inf)", "dialogue budget in tokens"),
+    "rollout.engine_kwargs.max_batch_size": Option(int | None, "[1, inf)", "hf: most contexts per generate call"),
+    "rollout.engine_kwargs.gpu_memory_utilization": Option(float, "(0, 1]", "vllm: share of the GPU it reserves"),
+    "rollout.engine_kwargs.enforce_eager": Option(bool, "", "vllm: no CUDA graphs"),
+    "rollout.engine_kwargs.enable_sleep_mode": Option(bool, "", "vllm: free GPU memory during the update"),
+    # ---- env (the game's own constructor checks what is specific to it) -----------------------------------------
+    "env.id": Option(str, "", "Gymnasium id of the game"),
+    "env.name": Option(str, "", "short name used in logs and output paths"),
+    "env.kwargs.observation": Option(str, OBSERVATION_MODES, "text | image | text+image"),
+    "env.kwargs.response_format": Option(str, RESPONSE_FORMATS, "how the policy must format its answer"),
+    "env.kwargs.action_separator": Option(str, "", "between actions inside <answer>"),
+    "env.kwargs.max_actions_per_turn": Option(int, "[1, inf)", "actions the model may give in one turn"),
+    "env.kwargs.max_turns": Option(int | None, "[1, inf)", "turns per episode (K)"),
+    "env.kwargs.max_steps": Option(int, "[1, inf)", "action budget per episode"),
+    "env.kwargs.format_penalty": Option(float, PENALTY, "added for a malformed response (a positive one would "
+                                        "reward writing garbage)"),
+    "env.kwargs.grounding_coef": Option(float, BONUS, "turn reward += coef · grade of <observation>"),
+    "env.kwargs.worldmodel_coef": Option(float, BONUS, "turn reward += coef · grade of <prediction>"),
+    "env.kwargs.step_penalty": Option(float, PENALTY, "reward per executed action"),
+    "env.kwargs.distance_shaping": Option(float, BONUS, "potential-based reward per action (0 = off)"),
+    "env.kwargs.placement_reward": Option(float, BONUS, "reward per correct digit"),
+    "env.kwargs.low_risk_reward": Option(float, REWARD, "bandit: the safe arm's payoff"),
+    "env.kwargs.high_risk_reward": Option(float, REWARD, "bandit: the risky arm's payoff"),
+    "env.kwargs.high_risk_prob": Option(float, "[0, 1]", "bandit: chance that the risky arm pays"),
+    "env.kwargs.tile_px": Option(int, "[8, inf)", "pixels per tile of the image (bounded by memory)"),
+    "env.kwargs.cell_px": Option(int, "[16, inf)", "pixels per Sudoku cell (bounded by memory)"),
+    "env.kwargs.image_size": Option(list[int], "[1, inf)", "(width, height) of the image (bounded by memory)"),
+    "env.kwargs.dim_room": Option(list[int], "[5, inf)", "Sokoban room (rows, cols), walls included"),
+    "env.kwargs.size": Option(int, "[2, inf)", "grid side (FrozenLake, Navigation; Sudoku: 4 or 9)"),
+    "env.kwargs.num_boxes": Option(int, "[1, inf)", "Sokoban boxes (and targets)"),
+    "env.kwargs.cell_separator": Option(str, "", "between the cells of a grid row in the text"),
+    "env.kwargs.list_positions": Option(bool, "", "a line under the grid lists the positions"),
+    "env.kwargs.level_set": Option(str | None, "", "Boxoban level file (null: generated rooms)"),
+    "env.kwargs.num_levels": Option(int | None, "[1, inf)", "the first levels of the level set"),
+    "env.kwargs.p_frozen": Option(float, "(0, 1]", "FrozenLake: chance that a random cell is frozen"),
+    "env.kwargs.success_rate": Option(float, "[0, 1]", "FrozenLake: chance that a move goes where intended"),
+    "env.kwargs.desc": Option(list[str] | None, "", "FrozenLake: an explicit map (null: random)"),
+    "env.kwargs.num_objects": Option(int, "[1, 9]", "Navigation: objects in the room"),
+    "env.kwargs.num_walls": Option(int, "[0, inf)", "Navigation: random interior wall cells"),
+    "env.kwargs.num_blanks": Option(int | None, "[1, inf)", "Sudoku: blank cells (null: the size's default)"),
+    "env.kwargs.num_cards": Option(int, "[2, 4]", "Cards: cards dealt per episode"),
+    "env.kwargs.target": Option(int, "(-inf, inf)", "Cards: the number the formula must equal"),
+    "env.kwargs.face_value": Option(str, ("ten", "rank"), "Cards: what J, Q, K count"),
+    "env.kwargs.num_numbers": Option(int, "[3, 4]", "Countdown: how many numbers are given"),
+    "env.kwargs.max_number": Option(int, "[2, inf)", "Countdown: largest number given"),
+    "env.kwargs.max_target": Option(int, "[1, inf)", "Countdown: largest target"),
+    "env.kwargs.low_risk_name": Option(str, "", "bandit: name of the safe arm"),
+    "env.kwargs.high_risk_name": Option(str, "", "bandit: name of the risky arm"),
+    "env.kwargs.render_mode": Option(str | None, "", "Gymnasium render mode"),
+}
+# fmt: on
+
+
+# ---- reading the table ---------------------------------------------------------------------------------------------
+def _unwrap(kind: Any) -> tuple[Any, bool]:
+    """(the type without None, whether null is allowed)."""
+    if isinstance(kind, UnionType) or get_origin(kind) is Union:
+        args = [arg for arg in get_args(kind) if arg is not type(None)]
+        return args[0], True
+    return kind, False
+
+
+def _parse(spec: str) -> list[tuple[float, float, bool, bool]]:
+    """ "0 | [0.01, 100]" -> [(0, 0, True, True), (0.01, 100, True, True)]: (low, high, low included, high included)."""
+    parts = []
+    for part in spec.split("|"):
+        part = part.strip()
+        match = re.fullmatch(r"([\[(])\s*(\S+)\s*,\s*(\S+)\s*([\])])", part)
+        if match is None:
+            parts.append((float(part), float(part), True, True))
+        else:
+            parts.append((float(match[2]), float(match[3]), match[1] == "[", match[4] == "]"))
+    return parts
+
+
+def _in_range(value: float, spec: str) -> bool:
+    return any(
+        (low < value or (closed_low and low == value)) and (value < high or (closed_high and high == value))
+        for low, high, closed_low, closed_high in _parse(spec)
+    )
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _range_words(spec: str) -> str:
+    """ "(0, 1]" -> "> 0 and <= 1", "[1, inf)" -> ">= 1", "0 | [0.01, 100]" -> "0, or >= 0.01 and <= 100"."""
+    words = []
+    for low, high, closed_low, closed_high in _parse(spec):
+        if low == high:
+            words.append(_number(low))
+            continue
+        bounds = []
+        if low != -math.inf:
+            bounds.append(f"{'>=' if closed_low else '>'} {_number(low)}")
+        if high != math.inf:
+            bounds.append(f"{'<=' if closed_high else '<'} {_number(high)}")
+        words.append(" and ".join(bounds) if low != -math.inf or not bounds else f"a number {bounds[0]}")
+    return ", or ".join(words)
+
+
+def _choices(option: Option) -> list[str]:
+    values = option.values() if callable(option.values) else option.values
+    return list(values)
+
+
+def expectation(option: Option) -> str:
+    """What the option must be, in words ("a whole number >= 1", "> 0 and <= 1", "true or false", ...)."""
+    kind, nullable = _unwrap(option.type)
+    item = get_args(kind)[0] if get_origin(kind) is list else None
+    if kind is bool:
+        text = "true or false"
+    elif kind is int:
+        text = f"a whole number {_range_words(option.values)}".strip()
+    elif kind is float:
+        text = _range_words(option.values) or "a finite number"
+    elif item is not None:
+        what = "whole numbers " + _range_words(option.values) if item is int else f"names from {_choices(option)}"
+        text = f"a non-empty list of {what}" if option.values else "a non-empty list of strings"
+    else:
+        text = f"one of {_choices(option)}" if option.values else "a string"
+    return f"{text} (or null)" if nullable else text
+
+
+def check_value(key: str, option: Option, value: Any) -> None:
+    """Raise a ValueError naming `key`, what it must be and what it means unless `value` fits `option`."""
+    kind, nullable = _unwrap(option.type)
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value, resolve=True)
+    doc = f" {option.doc[0].upper()}{option.doc[1:]}."
+    if value is None:
+        if nullable:
+            return
+        raise ValueError(f"{key} is null but must be {expectation(option)}.{doc}")
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{key}={value!r} must be true or false.{doc}")
+    elif kind is int:
+        if not isinstance(value, int) or isinstance(value, bool) or not _in_range(value, option.values):
+            raise ValueError(f"{key}={value!r} must be {expectation(option)}.{doc}")
+    elif kind is float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ValueError(f"{key}={value!r} is not a number: it must be {expectation(option)}.{doc}")
+        if not math.isfinite(value):
+            raise ValueError(f"{key}={value!r} is not a finite number: it must be {expectation(option)}.{doc}")
+        if not _in_range(value, option.values):
+            raise ValueError(f"{key}={value!r} must be {expectation(option)}.{doc}")
+    elif get_origin(kind) is list:
+        _check_list(key, option, value, get_args(kind)[0], doc)
+    elif not isinstance(value, str):  # e.g. run_dir=5, which Hydra reads as a number
+        quoted = f"; quote it on the command line: {key}=\"'{value}'\"" if isinstance(value, (int, float)) else ""
+        raise ValueError(f"{key}={value!r} must be {expectation(option)}{quoted}.{doc}")
+    elif option.values and value not in _choices(option):
+        raise ValueError(f"Unknown {key}={value!r}; valid: {_choices(option)}.")
+
+
+def _check_list(key: str, option: Option, value: Any, item: type, doc: str) -> None:
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"{key}={value!r} must be {expectation(option)}.{doc}")
+    for entry in value:
+        if item is int:
+            if not isinstance(entry, int) or isinstance(entry, bool) or not _in_range(entry, option.values):
+                raise ValueError(f"{key}={value!r} must be {expectation(option)}.{doc}")
+        elif not isinstance(entry, str):
+            raise ValueError(f"{key}={value!r} must be {expectation(option)}.{doc}")
+        elif option.values and entry not in _choices(option):
+            raise ValueError(f"Unknown {key} entry {entry!r}; valid: {_choices(option)}.")
+
+
+def _leaves(node: Any, prefix: str = "") -> Iterator[str]:
+    if isinstance(node, dict):
+        for name, value in node.items():
+            yield from _leaves(value, f"{prefix}{name}.")
+    elif prefix:
+        yield prefix[:-1]
+
+
+def _is_open(key: str) -> bool:
+    return any(key.startswith(f"{section}.") for section in OPEN_SECTIONS)
+
+
+def closest_option(key: str, known: Sequence[str]) -> str:
+    """ " Did you mean trainer.iterations?" for a misspelt key, or ""."""
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f" Did you mean {close[0]}?" if close else ""
+
+
+def check_options(cfg: Any) -> None:
+    """Every option of `OPTIONS` present (those in `OPEN_SECTIONS` where given) and of its type and range; no key the
+    table does not know in the sections it owns. Top-level sections it does not own (a script's own, such as
+    grad_noise's `noise:`) are left to their script."""
+    owned = {key.split(".")[0] for key in OPTIONS}
+    for key in _leaves(OmegaConf.to_container(cfg, resolve=False)):
+        if key.split(".")[0] in owned and key not in OPTIONS and not _is_open(key):
+            raise ValueError(
+                f"Unknown option {key!r} (added with +?).{closest_option(key, list(OPTIONS))} Every option is "
+                "documented in configs/ (train.yaml and its groups)."
+            )
+    missing = object()
+    for key, option in OPTIONS.items():
+        value = OmegaConf.select(cfg, key, default=missing)
+        if value is missing:
+            if _is_open(key):
+                continue
+            raise ValueError(f"Option {key} is missing (removed with ~?); it is the {option.doc}. Restore it.")
+        check_value(key, option, value)
+
+
+# ---- checks across options ----------------------------------------------------------------------------------------
 def _choice(value: Any, valid: list[str], key: str) -> None:
     if value not in valid:
         raise ValueError(f"Unknown {key}={value!r}; valid: {valid}.")
 
 
-POSITIVE_INTEGERS = (
-    "trainer.iterations",
-    "trainer.workers",
-    "trainer.groups",
-    "trainer.group_size",
-    "trainer.ppo_epochs",
-    "trainer.mini_batch_size",
-    "trainer.micro_batch_size",
-    "trainer.save_every",
-    "trainer.keep_checkpoints",
-    "trainer.eval_episodes",
-    "rollout.max_new_tokens",
-    "rollout.max_context_tokens",
-)
-DEVICES = ("auto", "cpu", "cuda")
+def _check_optimizer(trainer: Any) -> None:
+    if trainer.max_grad_norm <= trainer.adam_eps:
+        raise ValueError(
+            f"trainer.max_grad_norm={trainer.max_grad_norm} must exceed trainer.adam_eps={trainer.adam_eps}: gradients "
+            "clipped below eps make every AdamW step about lr·g/eps, i.e. no update. Raise trainer.max_grad_norm "
+            "(1.0 is usual)."
+        )
+    for lr_key in ("lr", "critic_lr"):
+        if trainer[lr_key] * trainer.weight_decay >= 1:
+            raise ValueError(
+                f"trainer.{lr_key}={trainer[lr_key]} times trainer.weight_decay={trainer.weight_decay} must be < 1: "
+                "AdamW multiplies every weight by 1 - lr·weight_decay each step. Lower trainer.weight_decay."
+            )
 
 
-def _check_numbers(cfg: Any) -> None:
-    """Every numeric option in its range, before anything runs (else: a raw ZeroDivisionError mid-run, or a
-    silent no-op run for iterations=0 / lr=0)."""
-    for key in POSITIVE_INTEGERS:
-        value = OmegaConf.select(cfg, key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{key}={value!r} must be a whole number >= 1.")
-    trainer, rollout = cfg.trainer, cfg.rollout
-    if not trainer.lr > 0 or not trainer.critic_lr > 0:
-        raise ValueError(f"trainer.lr={trainer.lr} and trainer.critic_lr={trainer.critic_lr} must be > 0.")
-    if not trainer.adam_eps > 0:
-        raise ValueError(f"trainer.adam_eps={trainer.adam_eps} must be > 0 (AdamW divides by sqrt(v) + eps).")
-    for key in ("rollout.temperature", "trainer.eval_temperature", "trainer.eval_every"):
-        if not OmegaConf.select(cfg, key) >= 0:
-            raise ValueError(f"{key}={OmegaConf.select(cfg, key)} must be >= 0 (0 = greedy / no validation).")
+def _check_levels(trainer: Any) -> None:
     pool = trainer.level_pool
-    if not isinstance(pool, int) or isinstance(pool, bool) or not (pool == 0 or trainer.groups <= pool <= SEED_STRIDE):
+    if not (pool == 0 or trainer.groups <= pool <= SEED_STRIDE):
         raise ValueError(
             f"trainer.level_pool={pool!r} must be 0 (new levels every iteration) or a whole number from "
             f"trainer.groups={trainer.groups} (so one batch never plays a level twice) to {SEED_STRIDE}."
         )
-    if not 0 < rollout.top_p <= 1:
-        raise ValueError(f"rollout.top_p={rollout.top_p} must be in (0, 1] (1 = no nucleus truncation).")
-    _choice(cfg.device, list(DEVICES), "device")
-    _choice(cfg.logger.wandb_mode, list(WANDB_MODES), "logger.wandb_mode")
+    if trainer.level_sampler != "plr":
+        return
+    plr = trainer.plr
+    if plr.buffer_size < trainer.groups:
+        raise ValueError(
+            f"trainer.plr.buffer_size={plr.buffer_size} is below trainer.groups={trainer.groups}: replay starts once "
+            f"the buffer holds a batch of levels, so it would never replay. Raise it to at least {trainer.groups}."
+        )
+    # With no staleness term, (1/rank)^(1/β) must stay above 0 for the lowest rank, or fewer levels than a batch
+    # replays can have any probability left and the draw fails mid-run.
+    if plr.staleness == 0 and math.log(plr.buffer_size) / plr.temperature > 700:
+        lowest = math.log(plr.buffer_size) / 700
+        raise ValueError(
+            f"trainer.plr.temperature={plr.temperature} with trainer.plr.staleness=0 gives the lower-ranked of "
+            f"{plr.buffer_size} levels probability 0 (underflow); raise the temperature above {lowest:.3g} or set "
+            "trainer.plr.staleness > 0."
+        )
+
+
+def _check_algorithm(cfg: Any) -> None:
+    algo, trainer, filt = cfg.algorithm, cfg.trainer, cfg.filter
+    if algo.advantage in CRITIC_ESTIMATORS and not algo.critic:
+        raise ValueError(
+            f"algorithm.advantage={algo.advantage} needs a value model: set algorithm.critic=true "
+            "(or use algorithm=ppo / starpo_s), or pick a critic-free estimator such as grpo."
+        )
+    if algo.advantage in GROUP_ESTIMATORS and trainer.group_size < 2:
+        raise ValueError(
+            f"algorithm.advantage={algo.advantage} compares rollouts within a group, so "
+            f"trainer.group_size={trainer.group_size} must be >= 2."
+        )
+    if filt.strategy != "none" and trainer.group_size < 2:
+        raise ValueError(
+            f"filter.strategy={filt.strategy} ranks groups by reward spread, which needs "
+            "trainer.group_size >= 2 (or use filter=none)."
+        )
     # The strategy checks its own parameter (with its own fix in the message): ask it now, on a dummy group.
-    FILTER_STRATEGIES.get(cfg.filter.strategy)(
-        torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.bool), float(cfg.filter.value)
+    FILTER_STRATEGIES.get(filt.strategy)(
+        torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.bool), float(filt.value)
     )
 
 
-def _dotted_keys(node: Any, prefix: str = "") -> list[str]:
-    if not isinstance(node, dict):
-        return [prefix[:-1]]
-    return [key for name, value in node.items() for key in _dotted_keys(value, f"{prefix}{name}.")]
+def _check_batches(cfg: Any) -> None:
+    trainer, rollout, diagnostics = cfg.trainer, cfg.rollout, cfg.diagnostics
+    if trainer.micro_batch_size > trainer.mini_batch_size:
+        raise ValueError(
+            f"trainer.micro_batch_size={trainer.micro_batch_size} exceeds trainer.mini_batch_size="
+            f"{trainer.mini_batch_size}; make it at most the mini-batch (micro-batches accumulate into one)."
+        )
+    if rollout.max_new_tokens >= rollout.max_context_tokens:
+        raise ValueError("rollout.max_new_tokens must be smaller than rollout.max_context_tokens.")
+    if diagnostics.echo_window % 2:
+        raise ValueError(
+            f"diagnostics.echo_window={diagnostics.echo_window} must be even: the Echo Trap monitor compares its "
+            "older half with its newer half."
+        )
+    if trainer.lora.enabled and trainer.lora.dropout > 0:
+        raise ValueError(
+            f"trainer.lora.dropout={trainer.lora.dropout} would have no effect: RL updates run without dropout, so "
+            "that the old and new log-probs come from the same function and the first PPO ratio is exactly 1. "
+            "Set trainer.lora.dropout=0."
+        )
 
 
+# Bytes one token position of a batch holds at least: the padded ids, masks, rewards, log-probs (rollout, old,
+# reference), values, advantages and returns of `TokenBatch`, and the trajectories' token lists.
+BYTES_PER_TOKEN = 128
+BYTES_PER_DRAW = 8  # the hf engine draws its (contexts, max_new_tokens) float64 sampling stream up front
+BYTES_PER_PIXEL = 16  # an observation image in a batch: PIL's 4 bytes per RGB pixel + float32 pixel values
+
+
+def check_batch_memory(cfg: Any, image_pixels: int = 0) -> None:
+    """Refuse, from the memory this machine has, a batch that cannot fit before anything allocates it: dialogues ×
+    `rollout.max_context_tokens` positions, the sampling draws of `rollout.max_new_tokens`, and every turn's image
+    (`image_pixels` per observation). A lower bound, model aside (the memory plan adds the model's part)."""
+    available = available_memory("cpu")
+    if available is None:
+        return
+    budget, where = available
+    trainer, rollout = cfg.trainer, cfg.rollout
+    dialogues = max(trainer.groups * trainer.group_size, trainer.eval_episodes)
+    turns = int(cfg.env.kwargs.get("max_turns") or 1)
+    parts = {  # what takes the memory -> (bytes per dialogue, the option to lower)
+        f"rollout.max_context_tokens={rollout.max_context_tokens}": (
+            rollout.max_context_tokens * BYTES_PER_TOKEN,
+            "rollout.max_context_tokens",
+        ),
+        f"rollout.max_new_tokens={rollout.max_new_tokens}": (
+            rollout.max_new_tokens * BYTES_PER_DRAW,
+            "rollout.max_new_tokens",
+        ),
+        f"The {image_pixels}-pixel images of env={cfg.env.name}": (
+            turns * image_pixels * BYTES_PER_PIXEL,
+            "the image size (env.kwargs.tile_px, cell_px or image_size) or env.kwargs.max_turns",
+        ),
+    }
+    need = dialogues * sum(size for size, _ in parts.values())
+    if need > budget:
+        biggest = max(parts, key=lambda name: parts[name][0])
+        raise ValueError(
+            f"{biggest}: a batch of {dialogues} dialogues (trainer.groups × trainer.group_size, or "
+            f"trainer.eval_episodes) needs at least {need / GIB:,.1f} GiB for its token tensors and images, but "
+            f"{where} is {budget / GIB:.1f} GiB. Lower {parts[biggest][1]}, or the number of dialogues."
+        )
+
+
+def check_environment(cfg: Any) -> None:
+    """What the machine must provide: the device, the engine and its options, a folder to resume, peft."""
+    if cfg.device == "cuda" and cfg.trainer.workers == 1 and not torch.cuda.is_available():
+        raise ValueError(
+            "device=cuda but torch finds no CUDA GPU here (torch.cuda.is_available() is False); use device=auto "
+            "(cuda where there is one) or device=cpu."
+        )
+    rollout = cfg.rollout
+    if rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ValueError(
+            "rollout.engine=vllm needs vLLM, which is not installed: pip install -e .[gpu]; or rollout=hf."
+        )
+    if rollout.engine == "hf":  # its options are its constructor's (vLLM passes its own on to vllm.LLM)
+        names = [name for name in inspect.signature(ENGINES.get("hf")).parameters if name not in ("model", "processor")]
+        for name in rollout.engine_kwargs:
+            if name not in names:
+                raise ValueError(
+                    f"rollout.engine_kwargs.{name} is not an option of rollout.engine={rollout.engine} (its options: "
+                    f"{names}).{closest_option(name, names)}"
+                )
+    on_gpu = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if rollout.engine == "vllm" and rollout.engine_kwargs.get("enable_sleep_mode") and not on_gpu:
+        raise ValueError(
+            "rollout.engine_kwargs.enable_sleep_mode=true frees GPU memory during the update, and vLLM has sleep mode "
+            "on CUDA/ROCm only; set it to false on CPU."
+        )
+    resume = cfg.trainer.resume
+    if resume not in ("auto", "never") and not Path(resume).is_dir():
+        raise ValueError(f"trainer.resume={resume!r} is not a folder; use auto, never, a run folder or a checkpoint.")
+    check_workers(cfg)
+    if cfg.trainer.lora.enabled:
+        require_peft("trainer.lora.enabled")
+
+
+def check_env(cfg: Any) -> None:
+    """Build the env of `cfg` (its constructor refuses what is specific to the game, and sizes that cannot fit in
+    memory), check that a batch of its images fits (`check_batch_memory`) before the first is drawn, then reset it
+    once."""
+    env_cfg = cfg.env
+    kwargs = OmegaConf.to_container(env_cfg.kwargs, resolve=True)
+    try:
+        env = make_env(env_cfg.id, **kwargs)
+    except TypeError as error:
+        unknown = re.search(r"unexpected keyword argument '(\w+)'", str(error))
+        if unknown is None:
+            raise ValueError(f"env={env_cfg.name} ({env_cfg.id}) refuses its env.kwargs: {error}") from None
+        documented = [key.split(".")[-1] for key in OPTIONS if key.startswith("env.kwargs.")]
+        hint = closest_option(unknown[1], documented)
+        raise ValueError(
+            f"env.kwargs.{unknown[1]} is not an option of env={env_cfg.name} ({env_cfg.id}).{hint} Its options are "
+            f"documented in configs/env/{env_cfg.name}.yaml."
+        ) from None
+    except ValueError as error:  # an unknown env.id, or a value the game refuses
+        raise ValueError(f"env={env_cfg.name}: {error}") from None
+    shows_images = kwargs.get("observation", "text") != "text"
+    planned = getattr(env.unwrapped, "image_pixels", 0) if shows_images else 0  # set by the visual envs
+    check_batch_memory(cfg, planned)
+    try:
+        observation, _ = env.reset(seed=cfg.seed)
+    except ValueError as error:
+        raise ValueError(f"env={env_cfg.name} ({env_cfg.id}) refuses its env.kwargs: {error}") from None
+    drawn = max((image.width * image.height for image in observation.images), default=0)
+    if drawn > planned:
+        check_batch_memory(cfg, drawn)
+    env.close()
+
+
+# ---- the check before a run ----------------------------------------------------------------------------------------
 def check_overrides(config_dir: str, config_name: str, overrides: list[str]) -> None:
     """Compose the command line's overrides once, turning Hydra's error for a misspelt option (which advises
-    `+key=...`, adding a key nothing reads) into a ValueError that names the closest real option."""
-    import difflib
-
+    `+key=...`, adding a key nothing reads) into a ValueError that names the closest real option; a key added with `+`
+    must be new and belong to a mapping passed whole to a constructor (`OPEN_SECTIONS`)."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
     plain = [o for o in overrides if not o.startswith(("hydra.", "+", "~", "-")) and "=" in o]
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         try:
-            compose(config_name, overrides=plain)
+            composed = compose(config_name, overrides=plain)
         except HydraException as error:
             match = re.search(r"Could not override '([^']+)'", str(error))
             if match is None:  # e.g. model=<no such config>: Hydra's message already lists the valid ones
                 raise ValueError(str(error).split("\nConfig search path")[0]) from None
             key = match.group(1)
-            known = _dotted_keys(OmegaConf.to_container(compose(config_name), resolve=False))
-            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-            hint = f" Did you mean {close[0]}?" if close else ""
+            known = list(_leaves(OmegaConf.to_container(compose(config_name), resolve=False)))
             raise ValueError(
-                f"Unknown option {key!r}.{hint} Every option is documented in configs/ (train.yaml and its groups)."
+                f"Unknown option {key!r}.{closest_option(key, known)} Every option is documented in configs/ "
+                "(train.yaml and its groups)."
             ) from None
+    known = list(_leaves(OmegaConf.to_container(composed, resolve=False)))
+    for override in overrides:
+        if not override.startswith("+") or "=" not in override or override.startswith("++"):
+            continue
+        key = override[1:].split("=", 1)[0]
+        if OmegaConf.select(composed, key, default=None) is not None:
+            raise ValueError(f"{key} is already an option: set it without the + ({override[1:]}).")
+        if not _is_open(key):
+            raise ValueError(
+                f"Unknown option {key!r} (added with +).{closest_option(key, known)} Only keys of "
+                f"{', '.join(OPEN_SECTIONS[:2])} can be added; every option is documented in configs/."
+            )
 
 
 def check_model_reads_env(cfg: Any) -> None:
@@ -128,9 +635,6 @@ def check_workers(cfg: Any) -> None:
             f"trainer.workers={workers} exceeds trainer.groups={groups}: groups are never split, so each worker needs "
             f"one; raise trainer.groups to at least {workers} or lower trainer.workers."
         )
-    cpus = OmegaConf.select(cfg, "ray.cpus_per_worker")
-    if cpus is not None and (not isinstance(cpus, int) or cpus < 1):
-        raise ValueError(f"ray.cpus_per_worker={cpus!r} must be a whole number >= 1, or null.")
     try:
         import ray  # noqa: F401
     except ImportError as error:
@@ -139,70 +643,23 @@ def check_workers(cfg: Any) -> None:
 
 
 def validate_config(cfg: Any) -> None:
-    """Raise `ValueError` for an incompatible combination of options, naming the option to change."""
-    algo, trainer, rollout, filt = cfg.algorithm, cfg.trainer, cfg.rollout, cfg.filter
-    _choice(algo.advantage, ADVANTAGE_ESTIMATORS.names(), "algorithm.advantage")
-    _choice(algo.loss_agg, LOSS_AGGREGATIONS.names(), "algorithm.loss_agg")
-    _choice(algo.kl_kind, KL_ESTIMATORS.names(), "algorithm.kl_kind")
-    _choice(filt.strategy, FILTER_STRATEGIES.names(), "filter.strategy")
-    _choice(filt.stat, SPREAD_STATS.names(), "filter.stat")
-    _choice(filt.empty_policy, list(EMPTY_POLICIES), "filter.empty_policy")
-    if rollout.engine == "api":
+    """Raise `ValueError` for an option out of its type or range (`OPTIONS`) or an incompatible combination, naming
+    the option to change; then build the env once. Everything here runs before any model loads."""
+    if OmegaConf.select(cfg, "rollout.engine") == "api":  # an engine, but not one that can train
         raise ValueError(
             "rollout.engine=api cannot train: a chat server answers text, not the sampled token ids and log-probs "
             "training needs. Use rollout=hf or rollout=vllm; to benchmark a served model, run "
             "scripts/evaluate.py engine=api engine.model=<name>."
         )
-    _choice(rollout.engine, ENGINES.names(), "rollout.engine")
-    _check_numbers(cfg)
-    if algo.advantage in CRITIC_ESTIMATORS and not algo.critic:
-        raise ValueError(
-            f"algorithm.advantage={algo.advantage} needs a value model: set algorithm.critic=true "
-            "(or use algorithm=ppo / starpo_s), or pick a critic-free estimator such as grpo."
-        )
-    if algo.advantage in GROUP_ESTIMATORS and trainer.group_size < 2:
-        raise ValueError(
-            f"algorithm.advantage={algo.advantage} compares rollouts within a group, so "
-            f"trainer.group_size={trainer.group_size} must be >= 2."
-        )
-    if filt.strategy != "none" and trainer.group_size < 2:
-        raise ValueError(
-            f"filter.strategy={filt.strategy} ranks groups by reward spread, which needs "
-            "trainer.group_size >= 2 (or use filter=none)."
-        )
-    if not 0 < algo.clip_low < 1 or algo.clip_high <= 0:
-        raise ValueError("algorithm.clip_low must be in (0, 1) and algorithm.clip_high > 0.")
-    if algo.advantage_min is not None and (isinstance(algo.advantage_min, bool) or algo.advantage_min > 0):
-        raise ValueError(
-            f"algorithm.advantage_min={algo.advantage_min!r} must be a number <= 0 (0 = self-imitation) or null; "
-            "a positive floor would push up every sampled text, the worst ones included."
-        )
-    if trainer.micro_batch_size > trainer.mini_batch_size:
-        raise ValueError(
-            f"trainer.micro_batch_size={trainer.micro_batch_size} exceeds trainer.mini_batch_size="
-            f"{trainer.mini_batch_size}; make it at most the mini-batch (micro-batches accumulate into one)."
-        )
-    if rollout.max_new_tokens >= rollout.max_context_tokens:
-        raise ValueError("rollout.max_new_tokens must be smaller than rollout.max_context_tokens.")
+    check_options(cfg)
+    trainer = cfg.trainer
+    _check_optimizer(trainer)
+    _check_levels(trainer)
+    _check_algorithm(cfg)
+    _check_batches(cfg)
     check_model_reads_env(cfg)
-    for key in ("trainer.gradient_checkpointing", "trainer.memory_check", "trainer.bf16", "trainer.eval_move_probe"):
-        if not isinstance(OmegaConf.select(cfg, key), bool):
-            raise ValueError(f"{key}={OmegaConf.select(cfg, key)!r} must be true or false.")
-    if trainer.lora.enabled and trainer.lora.dropout > 0:
-        raise ValueError(
-            f"trainer.lora.dropout={trainer.lora.dropout} would have no effect: RL updates run without dropout, so "
-            "that the old and new log-probs come from the same function and the first PPO ratio is exactly 1. "
-            "Set trainer.lora.dropout=0."
-        )
-    check_workers(cfg)
-    on_gpu = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    if rollout.engine == "vllm" and rollout.engine_kwargs.get("enable_sleep_mode") and not on_gpu:
-        raise ValueError(
-            "rollout.engine_kwargs.enable_sleep_mode=true frees GPU memory during the update, and vLLM has sleep mode "
-            "on CUDA/ROCm only; set it to false on CPU."
-        )
-    if trainer.lora.enabled:
-        require_peft("trainer.lora.enabled")
+    check_environment(cfg)
+    check_env(cfg)
 
 
 def warn_without_state_key(cfg: Any) -> bool:

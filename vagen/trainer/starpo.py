@@ -56,7 +56,7 @@ from vagen.rollout import (
 )
 from vagen.rollout.move_probe import ProbeState, check_probeable, probe_states
 from vagen.rollout.validation import eval_seeds, validation_episodes, validation_metrics
-from vagen.trainer.checkpoint import load_checkpoint, save_checkpoint
+from vagen.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from vagen.trainer.config import check_prompt_fits, validate_config, warn_without_state_key
 from vagen.trainer.data_parallel import DataParallel
 from vagen.trainer.forward import batched_logprobs, critic_forward, policy_forward
@@ -487,7 +487,10 @@ class StarPOTrainer(IterationLoop):
         return logprobs.detach()
 
     def _optimizer_step(self, stats: UpdateStats) -> None:
+        """Sum the replicas' gradients, clip them, and step every optimizer; a non-finite loss or gradient norm stops
+        the run first (`check_finite_update`), before any weight changes."""
         max_norm = self.cfg.trainer.max_grad_norm
+        norms = {}
         for name, optimizer in self.optimizers.items():
             params = [p for group in optimizer.param_groups for p in group["params"]]
             self.data_parallel.sum_gradients(params)  # each replica's shares add up to the whole mini-batch
@@ -495,9 +498,33 @@ class StarPOTrainer(IterationLoop):
                 # Is the vision tower learning under RL? Its share of the (pre-clipping) gradient says.
                 vision_grads = [p.grad for p in self.vision_parameters if p.grad is not None]
                 stats.add("policy", {"grad_norm_vision": torch.nn.utils.get_total_norm(vision_grads)})
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)  # the norm before clipping
-            stats.add("policy" if name == "policy" else "critic", {"grad_norm": norm})
+            norms[name] = torch.nn.utils.clip_grad_norm_(params, max_norm)  # the norm before clipping
+            stats.add("policy" if name == "policy" else "critic", {"grad_norm": norms[name]})
+        self.check_finite_update(stats, norms)
+        for optimizer in self.optimizers.values():
             optimizer.step()
+
+    def check_finite_update(self, stats: UpdateStats, norms: dict[str, torch.Tensor]) -> None:
+        """Raise `NonFiniteTraining` when this update's losses (so far, on this replica) or its summed gradient norms
+        are inf or NaN: an AdamW step would write them into every weight, and the next checkpoint would keep them.
+        Replicas decide together on the sum of their flags, so all raise or none does (no replica is left waiting in
+        the next collective)."""
+        losses = [value for key in ("loss/total", "loss/value") for value in stats.values.get(key, [])]
+        flags = [float(not bool(torch.stack(losses).isfinite().all())) if losses else 0.0]
+        flags += [float(not bool(torch.isfinite(norm))) for norm in norms.values()]
+        bad = self.data_parallel.sum_(torch.tensor(flags))
+        if not bool(bad.any()):
+            return
+        found = [f"{name} gradient norm {float(norm)}" for name, norm in norms.items() if not torch.isfinite(norm)]
+        if bad[0]:
+            found.insert(0, "a loss of inf or NaN")
+        last = latest_checkpoint(self.run_dir)
+        kept = f"the last complete checkpoint {last} is intact" if last else "no checkpoint had been written yet"
+        raise NonFiniteTraining(
+            f"Training became non-finite at iteration {self.iteration + 1}: {', '.join(found)}. The update was not "
+            f"applied and nothing was written from it; {kept}. Lower trainer.lr, check env={self.cfg.env.name}'s "
+            "rewards for inf/NaN, then rerun to resume from that checkpoint."
+        )
 
     def _autocast(self) -> Any:
         device_type = next(self.model.parameters()).device.type
@@ -545,6 +572,10 @@ class StarPOTrainer(IterationLoop):
         # rollout, or the first resumed iteration would sample from the untrained policy.
         self.sync_engine()
         return state
+
+
+class NonFiniteTraining(ValueError):
+    """A loss or gradient became inf or NaN; raised before the optimizer step that would write it into the weights."""
 
 
 def relative_change(before: list[torch.Tensor], after: list[torch.Tensor]) -> float:

@@ -1,0 +1,202 @@
+"""The text default `tiny_text`: the language half of tiny_vl (a tiny Qwen2 causal LM, ~3.4M parameters) with a
+tokenizer that keeps every grid cell one token, warm-started by SFT on solver demonstrations of sokoban_text and
+frozenlake_text (`warm_start`, the recipe machinery of tiny_vl).
+
+Why its own tokenizer: tiny_vl's BPE was trained on the games' texts as they come, so it merges runs of grid
+symbols ('___', '####', 'PO'): the same board row becomes different token sequences depending on its neighbours,
+and a cell's column is no longer its token offset within the row. Here a pre-tokenizer isolates every grid symbol
+(`GRID_CELL_PATTERN`) before BPE, so a 6×6 Sokoban board is 36 cell tokens plus 5 newlines, row r column c always
+sits r·7 + c tokens after the board's first cell, and the relative directions the `<think>` text names are fixed
+token offsets that rotary attention can read. The special and chat tokens are tiny_vl's (same ids 0..6, same chat
+template), so the rollout, context building and generation suppression work unchanged.
+
+Like tiny_vl, a finished build ships with the package (`SHIPPED_DIR/warm-tiny-text-default-seed0`: weights,
+tokenizer, report.json, and the stamp of the recipe that built it); it is used while the recipe is unchanged and
+rebuilt into the cache (with a progress bar) when it is not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+
+from vagen.bootstrap.demos import demo_response
+from vagen.bootstrap.tiny import (
+    _generation_config,
+    _size,
+    corpus_digest,
+    init_model,
+    load_tiny_text_lm,
+    tiny_corpus,
+    tiny_text_config,
+    train_tiny_tokenizer,
+)
+from vagen.bootstrap.warmstart import SHIPPED_DIR, WarmStartRecipe, warm_start
+from vagen.env import make_env
+from vagen.models.cache import build_once, cache_root, read_stamp
+
+# Bump when anything below changes what a build produces (tokenizer, corpus, games), so caches rebuild.
+TINY_TEXT_VERSION = 1
+# Every grid symbol of the text games is its own pre-token: walls, floor/ice, the box-on-target/on-goal mark, the
+# navigation/sudoku '.', and an upper-case letter not starting a word (P player, O target/hole, X box, S, G goal).
+# Words ("Left", "Sokoban") keep their capital, so only cells and one-letter names are split.
+GRID_CELL_PATTERN = r"[#_√.]|[A-Z](?![a-z])"
+# The games of the text default, exactly configs/env/sokoban_text.yaml and configs/env/frozenlake_text.yaml (a test
+# compares them), in the order the recipe trains them: the report's "eval" is the first, "other_games" the rest.
+SOKOBAN_TEXT = {
+    "observation": "text",
+    "dim_room": [6, 6],
+    "num_boxes": 1,
+    "cell_separator": "",
+    "list_positions": False,
+    "max_steps": 100,
+    "max_turns": 5,
+    "max_actions_per_turn": 3,
+    "response_format": "free_think",
+    "grounding_coef": 0.0,
+    "worldmodel_coef": 0.0,
+    "action_separator": "||",
+    "format_penalty": -1.0,
+    "distance_shaping": 0.0,
+    "step_penalty": -0.1,
+}
+FROZENLAKE_TEXT = {
+    "observation": "text",
+    "size": 4,
+    "p_frozen": 0.8,
+    "desc": None,
+    "cell_separator": "",
+    "success_rate": 1.0,
+    "max_steps": 100,
+    "max_turns": 5,
+    "max_actions_per_turn": 3,
+    "response_format": "free_think",
+    "grounding_coef": 0.0,
+    "worldmodel_coef": 0.0,
+    "action_separator": "||",
+    "format_penalty": -0.1,
+}
+TEXT_GAMES = {
+    "sokoban_text": ("vagen/Sokoban-v0", SOKOBAN_TEXT),
+    "frozenlake_text": ("vagen/FrozenLake-v0", FROZENLAKE_TEXT),
+}
+DEMO_CORPUS_SEEDS = 32  # solver episodes per text game whose think/answer texts join the tokenizer's corpus
+
+
+def make_text_game(name: str, **overrides: Any):
+    """The env of `TEXT_GAMES[name]` (configs/env/<name>.yaml)."""
+    env_id, kwargs = TEXT_GAMES[name]
+    return make_env(env_id, **{**kwargs, **overrides})
+
+
+def demo_corpus(seeds: int = DEMO_CORPUS_SEEDS) -> list[str]:
+    """Observations and solver demo responses of the text games (seeds far from the training and held-out ones), so
+    the BPE spends its merges on the words a warm-started policy writes ("box is up-left of me")."""
+    texts = []
+    for name in TEXT_GAMES:
+        env = make_text_game(name)
+        for seed in range(900_000, 900_000 + seeds):
+            observation, _ = env.reset(seed=seed)
+            texts.append(observation.text)
+            for _ in range(env.unwrapped.max_turns):
+                plan = list(env.unwrapped.solver_actions())
+                if not plan:
+                    break
+                response = demo_response(env, plan[: env.unwrapped.max_actions_per_turn])
+                observation, _, terminated, truncated, _ = env.step(response)
+                texts += [response, observation.text]
+                if terminated or truncated:
+                    break
+        env.close()
+    return texts
+
+
+def grid_corpus() -> list[str]:
+    """The grid tokenizer's corpus: tiny_vl's (`tiny_corpus`) plus the text games' solver play."""
+    return tiny_corpus() + demo_corpus()
+
+
+def train_grid_tokenizer(corpus: list[str]) -> PreTrainedTokenizerFast:
+    """tiny_vl's byte-level BPE (same special tokens and chat template) with every grid cell a token of its own."""
+    return train_tiny_tokenizer(corpus, isolate=GRID_CELL_PATTERN)
+
+
+def build_tiny_text(cache_dir: str | Path | None = None, size: str = "default", seed: int = 0) -> Path:
+    """The folder of the untrained tiny Qwen2 LM with the grid tokenizer (the base of `tiny_text`), built once."""
+    _size(size)
+    corpus = grid_corpus()
+    target = Path(cache_dir or cache_root()) / f"tiny-text-grid-{size}-seed{seed}"
+    stamp = {
+        "model": "tiny-text-grid",
+        "size": size,
+        "seed": seed,
+        "version": TINY_TEXT_VERSION,
+        "isolate": GRID_CELL_PATTERN,
+        "corpus_sha256": corpus_digest(corpus),
+    }
+
+    def build(folder: Path) -> None:
+        tokenizer = train_grid_tokenizer(corpus)
+        model = init_model(Qwen2ForCausalLM, tiny_text_config(tokenizer, size), seed)
+        model.generation_config = _generation_config(tokenizer)
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+    return build_once(target, stamp, build)
+
+
+# The shipped recipe: tiny_vl's `WarmStartRecipe` where text differs: no vision tower, float32 (the 2-core AVX2 CPU
+# it was built on emulates bf16), and a budget that CPU affords. One step of 16 text dialogues (~700 tokens each) costs
+# ~20 s there (3.3M parameters at ~30 GFLOPS), so tiny_vl's 480 steps would take ~2.7 hours: this recipe takes 60
+# steps (~20 minutes) and reports 32 held-out episodes per pass. See report.json for what it reaches.
+TINY_TEXT_RECIPE = WarmStartRecipe(steps=60, warmup_steps=5, bf16=False, vision_steps=0, eval_episodes=32)
+SFT_MICRO_BATCH = 8  # dialogues per forward/backward: length-sorted halves pad less (memory and speed, same gradient)
+
+
+def tiny_text_stamp(recipe: WarmStartRecipe, base: Path) -> dict[str, Any]:
+    """What decides the warm-started model: the recipe, this module's version, the games' configs and the base."""
+    games = {name: {"id": env_id, "kwargs": kwargs} for name, (env_id, kwargs) in TEXT_GAMES.items()}
+    return {
+        "model": "warm-tiny-text",
+        "version": TINY_TEXT_VERSION,
+        "recipe": asdict(recipe),
+        "games": games,
+        "base": read_stamp(base),
+    }
+
+
+def build_warm_tiny_text(cache_dir: str | Path | None = None, recipe: WarmStartRecipe | None = None) -> Path:
+    """Return the folder of the warm-started tiny text model (sokoban_text and frozenlake_text): the shipped build
+    while its stamp is this recipe's, else built once into the cache (minutes on CPU, with a progress bar)."""
+    recipe = recipe or TINY_TEXT_RECIPE
+    root = Path(cache_dir or cache_root())
+    base = build_tiny_text(root, size=recipe.size, seed=recipe.base_seed)
+    stamp = tiny_text_stamp(recipe, base)
+    target = root / f"warm-tiny-text-{recipe.size}-seed{recipe.base_seed}"
+    shipped = SHIPPED_DIR / target.name
+    if read_stamp(shipped) == stamp:
+        return shipped
+    first, *others = TEXT_GAMES
+
+    def build(folder: Path) -> None:
+        model, tokenizer = load_tiny_text_lm(base)
+        games = {name: (lambda name=name: make_text_game(name)) for name in others}
+        warm_start(
+            model, tokenizer, recipe, folder, lambda: make_text_game(first), first, True, games,
+            micro_batch_size=SFT_MICRO_BATCH,
+        )  # fmt: skip
+
+    return build_once(target, stamp, build)
+
+
+def load_warm_tiny_text(cache_dir: str | Path | None = None, recipe: WarmStartRecipe | None = None, **load_kwargs):
+    """The warm-started text model (eval mode) and its tokenizer, building them first if needed."""
+    return load_tiny_text_lm(build_warm_tiny_text(cache_dir, recipe), **load_kwargs)
+
+
+def cell_tokens(tokenizer: PreTrainedTokenizerFast, grid: str) -> list[str]:
+    """The tokens of a text board: with the grid tokenizer, one per cell and one per newline."""
+    return tokenizer.convert_ids_to_tokens(tokenizer(grid, add_special_tokens=False)["input_ids"])
