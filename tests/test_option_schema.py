@@ -16,26 +16,14 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
+from test_trainer import CONFIG_DIR, FAST, TEXT
 
 from vagen.trainer import starpo
 from vagen.trainer.config import validate_config
 from vagen.trainer.starpo import StarPOTrainer
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIG_DIR = ROOT / "configs"
-FAST = [
-    "trainer.groups=2",
-    "trainer.group_size=2",
-    "trainer.mini_batch_size=4",
-    "trainer.micro_batch_size=2",
-    "rollout.max_new_tokens=12",
-    "logger.wandb_mode=disabled",
-    "logger.progress=false",
-    "trainer.viz_every=0",
-    "trainer.eval_every=0",
-]
-TEXT = ["env=bandit_text", "model=tiny_text_test", *FAST]
-VISUAL = ["env=sokoban_visual", "model=tiny_vl_test", *FAST]
+VISUAL = ["env=sokoban_visual", "model=tiny_vl_test", *FAST]  # without test_trainer's max_turns=2
 
 
 def compose_train(overrides: list[str]) -> DictConfig:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from test_trainer import TEXT as TRAINER_TEXT
 
 from vagen.logging import MetricsLogger, read_metrics
 from vagen.trainer import starpo
@@ -23,20 +24,7 @@ from vagen.trainer.run import train
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = ROOT / "configs"
-TEXT = [
-    "env=bandit_text",
-    "model=tiny_text_test",
-    "trainer.groups=2",
-    "trainer.group_size=2",
-    "trainer.mini_batch_size=4",
-    "trainer.micro_batch_size=2",
-    "rollout.max_new_tokens=12",
-    "logger.wandb_mode=disabled",
-    "logger.progress=false",
-    "trainer.viz_every=0",
-    "trainer.eval_every=0",
-    "trainer.save_every=1",
-]
+TEXT = [*TRAINER_TEXT, "trainer.save_every=1"]
 
 
 def config(run_dir: Path, *overrides: str):
