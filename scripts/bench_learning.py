@@ -52,6 +52,8 @@ ARMS = {
     "gigpo_plr": ["algorithm=gigpo", "trainer.level_sampler=plr"],
     "grpo_plr": ["algorithm=grpo", "trainer.level_sampler=plr"],
     "grpo_top_p": ["algorithm=grpo", "filter=top_p"],
+    "gigpo_lr1e-4": ["algorithm=gigpo", "trainer.lr=1e-4"],
+    "gigpo_lr3e-4": ["algorithm=gigpo", "trainer.lr=3e-4"],
 }
 Z_95 = 1.959964
 

@@ -32,7 +32,11 @@ def test_pretrained_source_loads_local_vision_and_text_folders():
 
 
 def test_unreachable_model_is_a_clear_error(monkeypatch):
+    import huggingface_hub.constants
+
+    # huggingface_hub reads HF_HUB_OFFLINE at import: setting only the variable here waits ~50 s for the network.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ValueError, match="offline default"):
         load_policy("missing", "pretrained", "text", path="no-such-org/no-such-model")
 
