@@ -185,6 +185,17 @@ def test_a_malformed_body_is_an_error_on_its_own_request(raw):
     assert all(not r.ok and "malformed response" in r.error and r.attempts == 1 for r in results)
 
 
+def test_a_reply_larger_than_the_bound_is_an_error_without_being_read_whole(monkeypatch):
+    """A server that streams an endless body cannot exhaust memory: past MAX_REPLY_BYTES the reply is an error."""
+    import vagen.engines.api as api
+
+    monkeypatch.setattr(api, "MAX_REPLY_BYTES", 1000)
+    with LocalChatServer(lambda messages: "x" * 5000) as server:
+        engine = ApiEngine(base_url=server.base_url, model="m", api_key_env=None, **FAST)
+        (result,) = engine.generate_chat(HELLO, SamplingParams())
+    assert not result.ok and "larger than 1000 bytes" in result.error and result.attempts == 1
+
+
 def test_a_finish_reason_that_is_not_text_is_dropped():
     def hook(answer):
         answer["choices"][0]["finish_reason"] = {"why": ["nested"]}

@@ -93,6 +93,16 @@ def test_naming_the_folders_own_latest_checkpoint_continues_it(used_run):
     assert [record["step"] for record in read_metrics(used_run)] == [1, 2, 3]
 
 
+@pytest.mark.parametrize(
+    ("override", "key"), [("seed=7", "seed"), ("env.kwargs.max_turns=2", "env_kwargs"), ("algorithm=ppo", "algorithm")]
+)
+def test_resuming_with_another_setup_refuses_before_any_model_loads(used_run, no_model, override, key):
+    """The seed too: a run resumed under another seed would record that seed in its segment config while its RNG and
+    level cursor continue the first one's."""
+    with pytest.raises(ValueError, match=rf"was made with a different setup \({key}: checkpoint"):
+        train(config(used_run, "trainer.iterations=3", override))
+
+
 def test_two_resumes_at_one_iteration_keep_every_segment_config(tmp_path):
     """Two resumes in a row at iteration 1 used to overwrite config.until_iter_000001.yaml."""
     run_dir = tmp_path / "run"
@@ -212,7 +222,7 @@ def test_a_damaged_folder_or_unusable_run_dir_is_one_clear_error_before_any_mode
 
 
 @pytest.mark.parametrize("line", ["[1, 2]", "5", '"text"', '{"step": "1"}', '{"time": 1.0}', '{"step": true}'])
-def test_a_metrics_line_of_the_wrong_json_type_is_one_clear_error(used_run, line):
+def test_a_metrics_line_of_the_wrong_json_type_is_one_clear_error(used_run, no_model, line):
     path = used_run / "metrics.jsonl"
     lines = path.read_text().splitlines()
     path.write_text("\n".join([lines[0], line, *lines[1:]]) + "\n")
@@ -221,7 +231,7 @@ def test_a_metrics_line_of_the_wrong_json_type_is_one_clear_error(used_run, line
         read_metrics(used_run)
     with pytest.raises(ValueError, match=message), MetricsLogger(used_run, wandb_mode="disabled", resume=True) as log:
         log.truncate_after(1)
-    with pytest.raises(ValueError, match=message):  # resuming the run truncates the log after its checkpoint
+    with pytest.raises(ValueError, match=message):  # resuming reads the log before any model loads
         train(config(used_run, "trainer.iterations=3"))
 
 

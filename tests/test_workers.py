@@ -13,7 +13,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from vagen.trainer.run import train, trained
-from vagen.trainer.starpo import StarPOTrainer
+from vagen.trainer.starpo import NonFiniteTraining, StarPOTrainer
 
 ray = pytest.importorskip("ray")
 from vagen.trainer.workers import RayTrainer, WorkerLost, contiguous_shares, local_ray_environment  # noqa: E402
@@ -143,3 +143,25 @@ def test_a_killed_worker_names_itself_and_the_checkpoint_which_resumes(ray_clust
 def test_more_workers_than_groups_is_refused_before_ray_starts(tmp_path):
     with pytest.raises(ValueError, match=r"trainer.workers=4 exceeds trainer.groups=3"):
         RayTrainer(config(tmp_path, "trainer.workers=4"))
+
+
+def test_a_non_finite_update_in_the_workers_is_the_trainers_own_one_line_error(ray_cluster, tmp_path):
+    """A checkpoint whose value model holds NaN: every worker refuses the update, and the driver raises the
+    workers' own NonFiniteTraining (one line, as train.py prints it), not Ray's wrapper with a remote traceback."""
+    single = StarPOTrainer(config(tmp_path))
+    with torch.no_grad():
+        single.critic.value_head.weight.fill_(float("nan"))
+    checkpoint = single.save(keep_last=5)
+    trainer = RayTrainer(config(tmp_path, "trainer.workers=2"))
+    try:
+        trainer.restore(checkpoint)
+        with pytest.raises(NonFiniteTraining) as raised:
+            trainer.train_iteration()
+    finally:
+        trainer.close()
+    message = str(raised.value)
+    assert type(raised.value) is NonFiniteTraining and "\n" not in message
+    assert (
+        message.startswith("Training became non-finite at iteration 1: a loss of inf or NaN")
+        and str(checkpoint) in message
+    )

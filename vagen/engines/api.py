@@ -78,6 +78,7 @@ logger = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 30.0
 """No single wait between retries is longer than this, whatever the backoff or `Retry-After` say."""
+MAX_REPLY_BYTES = 16 << 20  # a chat completion is kilobytes; a larger body is refused rather than read into memory
 RETRYABLE_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
 _ERROR_BODY_CHARS = 300  # enough of a server's error body to diagnose, short enough for a log line
 _HIDDEN = "<hidden>"
@@ -403,7 +404,7 @@ class ApiEngine:
         request = urllib.request.Request(self.base_url + "/chat/completions", data=body, headers=headers, method="POST")
         try:
             with self._opener.open(request, timeout=self.timeout_s) as response:
-                raw = response.read()
+                raw = response.read(MAX_REPLY_BYTES + 1)
         except urllib.error.HTTPError as error:
             return _http_failure(error)
         except OSError as error:  # URLError wraps connect failures; a read timeout arrives bare
@@ -413,6 +414,8 @@ class ApiEngine:
             return _Failure(f"connection error: {reason}", retryable=True)
         except Exception as error:  # http.client protocol errors (IncompleteRead, BadStatusLine, ...)
             return _Failure(f"transport error: {type(error).__name__}: {error}", retryable=True)
+        if len(raw) > MAX_REPLY_BYTES:
+            return _Failure(f"the reply is larger than {MAX_REPLY_BYTES} bytes (no chat completion)", retryable=False)
         return _parse_completion(raw)
 
     def _backoff(self, attempt: int, retry_after_s: float | None) -> float:

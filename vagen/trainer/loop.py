@@ -64,6 +64,19 @@ def group_returns(trajectories: list[Trajectory], groups: int, group_size: int) 
     return rewards
 
 
+def run_fingerprint(cfg: DictConfig) -> dict[str, Any]:
+    """What a checkpoint must agree with to be resumed by `cfg` (not the worker count: any N resumes)."""
+    return {
+        "model": cfg.model.name,
+        "algorithm": cfg.algorithm.name,
+        "critic": bool(cfg.algorithm.critic),
+        "lora": bool(cfg.trainer.lora.enabled),
+        "env": cfg.env.name,
+        "env_kwargs": OmegaConf.to_container(cfg.env.kwargs, resolve=True),  # the task itself
+        "seed": int(cfg.seed),  # the RNG and level cursor restored belong to it
+    }
+
+
 class IterationLoop:
     """The loop state and the iteration; subclasses say where rollouts, updates and checkpoints happen."""
 
@@ -206,16 +219,7 @@ class IterationLoop:
         self.monitor.load_state_dict(state.get("diagnostics", {}))
 
     def fingerprint(self) -> dict[str, Any]:
-        """What a checkpoint must agree with to be resumed by this config (not the worker count: any N resumes)."""
-        cfg = self.cfg
-        return {
-            "model": cfg.model.name,
-            "algorithm": cfg.algorithm.name,
-            "critic": bool(cfg.algorithm.critic),
-            "lora": bool(cfg.trainer.lora.enabled),
-            "env": cfg.env.name,
-            "env_kwargs": OmegaConf.to_container(cfg.env.kwargs, resolve=True),  # the task itself
-        }
+        return run_fingerprint(self.cfg)
 
     def config_dict(self) -> dict[str, Any]:
         return OmegaConf.to_container(self.cfg, resolve=True)

@@ -13,12 +13,12 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from vagen.env import make_env
-from vagen.logging import MetricsLogger, ProgressBar
+from vagen.logging import MetricsLogger, ProgressBar, read_metrics
 from vagen.logging.sinks import METRICS_FILENAME
 from vagen.rollout import Trajectory
-from vagen.trainer.checkpoint import is_disk_full, latest_checkpoint
+from vagen.trainer.checkpoint import is_disk_full, latest_checkpoint, verify_checkpoint
 from vagen.trainer.lock import run_dir_lock
-from vagen.trainer.loop import IterationLoop
+from vagen.trainer.loop import IterationLoop, run_fingerprint
 from vagen.trainer.starpo import StarPOTrainer
 from vagen.viz.gif import replay_episode, save_episode_gif
 
@@ -162,7 +162,11 @@ def train(cfg: DictConfig) -> Path:
     try:
         with run_dir_lock(run_dir):  # before any model loads: a second run into this folder fails at once
             checkpoint = resume_point(cfg)  # reads the checkpoint markers: a damaged folder fails here too
+            if checkpoint is not None:  # integrity and setup, before any model loads
+                verify_checkpoint(checkpoint, run_fingerprint(cfg))
             check_history(cfg, checkpoint)
+            if (run_dir / METRICS_FILENAME).is_file():
+                read_metrics(run_dir)  # a damaged metrics line fails here, not after the model loaded
             trainer = build_trainer(cfg)
             try:
                 return _train_locked(trainer, cfg, checkpoint)

@@ -208,8 +208,9 @@ class RayTrainer(IterationLoop):
                 ray.get(done[0])
             except ray.exceptions.RayActorError as error:
                 raise self._lost(refs.index(done[0]), what, error) from None
-            except ray.exceptions.RayTaskError as error:
-                raise error.as_instanceof_cause() from None  # e.g. the ValueError a worker's config check raised
+            except ray.exceptions.RayTaskError as error:  # the worker's own exception (a config check's ValueError,
+                cause = getattr(error, "cause", None)  # NonFiniteTraining), without Ray's wrapper and remote traceback
+                raise (cause if isinstance(cause, Exception) else error.as_instanceof_cause()) from None
         return ray.get(refs)
 
     def _lost(self, rank: int, what: str, error: Exception) -> WorkerLost:
