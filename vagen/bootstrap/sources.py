@@ -15,7 +15,7 @@ from vagen.bootstrap.tiny import build_tiny_text_lm, build_tiny_vl
 from vagen.bootstrap.tiny_text import TINY_TEXT_RECIPE, build_tiny_text, build_warm_tiny_text
 from vagen.bootstrap.warmstart import SHIPPED_DIR, WarmStartRecipe, build_warm_tiny_vl
 from vagen.models.lora import materialize_adapter
-from vagen.models.registry import MODEL_SOURCES
+from vagen.models.registry import MODEL_SOURCES, load_policy
 
 # The test size gets a short recipe (~30 s on CPU): enough to write the response format reliably,
 # so tests exercise real <think> blocks (MI scoring, parsing) without the full warm start.
@@ -58,7 +58,7 @@ SMOLLM2_TEXT_SFT = [
 
 @MODEL_SOURCES.register("smollm2_warm")
 def smollm2_warm_source(path: str | None, size: str | None) -> str:
-    return materialize_adapter(SMOLLM2_TEXT_FOLDER)  # folded into the base once, into the vagen cache
+    return materialize_adapter(SMOLLM2_TEXT_FOLDER, load_policy)  # folded into the base once, into the vagen cache
 
 
 @MODEL_SOURCES.register("tiny_vl_random")

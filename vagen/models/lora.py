@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -131,15 +131,15 @@ def read_adapter(folder: Path) -> dict[str, Any]:
     return settings
 
 
-def materialize_adapter(folder: str | Path) -> str:
+def materialize_adapter(folder: str | Path, load_policy: Callable[..., Any]) -> str:
     """A full model folder of the adapter's base with the adapter folded in, built once into the vagen cache.
+    `load_policy` loads the base (`vagen.models.registry.load_policy`, passed in: the registry imports this module).
 
     Everything downstream (engines, vLLM, checkpoints, the trainer's own LoRA) then sees a plain model. The cache
     entry is keyed by the adapter's bytes and the base folder, so a re-trained adapter never reuses a stale one."""
     from safetensors.torch import load_file
 
     from vagen.models.cache import build_once, cache_root
-    from vagen.models.registry import load_policy
 
     folder = Path(folder)
     settings = read_adapter(folder)

@@ -79,7 +79,7 @@ def _lora_adapter(path: str | None, size: str | None) -> str:
         )
     from vagen.models.lora import materialize_adapter
 
-    return materialize_adapter(path)
+    return materialize_adapter(path, load_policy)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
