@@ -25,7 +25,6 @@ import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -121,24 +120,14 @@ def measure(args: argparse.Namespace, folder: str) -> dict[str, float]:
     start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = StarPOTrainer(run_config(args, folder, run_dir))
-        scoring = trainer.with_training_tensors
-        timed = {"logprobs_s": 0.0}
-
-        def timed_scoring(*a, **k):  # the old/ref log-prob passes run inside `update`: time them apart
-            begin = time.perf_counter()
-            out = scoring(*a, **k)
-            timed["logprobs_s"] += time.perf_counter() - begin
-            return out
-
-        trainer.with_training_tensors = timed_scoring
         metrics = trainer.train_iteration()
         trainer.close()
     batch = trajectories_to_batch(trainer.last_trajectories, pad_token_id=0)
     peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {
         "rollout_s": metrics["perf/rollout_s"],
-        "logprobs_s": timed["logprobs_s"],
-        "update_s": metrics["perf/update_s"] - timed["logprobs_s"],
+        "logprobs_s": metrics["perf/logprobs_s"],  # the update times its own scoring pass
+        "update_s": metrics["perf/update_s"] - metrics["perf/logprobs_s"],
         "sampled_tokens": float(batch.response_mask.sum()),
         "tokens": float(batch.attention_mask.sum()),
         "peak_gib": (peak - (0 if cuda else start_rss)) / GIB,

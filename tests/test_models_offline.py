@@ -12,6 +12,7 @@ every training run load the same folder, so it is converted once per machine (CI
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import shutil
 import sys
@@ -32,6 +33,8 @@ from vagen.models.cache import (
     cache_root,
     is_complete,
     locate_distribution_file,
+    read_stamp,
+    verify_built_folder,
 )
 from vagen.models.qwen_tokenizer import (
     DASHSCOPE_INSTALL,
@@ -70,7 +73,9 @@ def test_build_once_builds_then_reuses(tmp_path):
     assert target == again == tmp_path / "thing"
     assert calls == [1]
     assert (target / "weights.bin").read_bytes() == b"\x01" * 10
-    assert json.loads((target / COMPLETE_MARKER).read_text()) == {"v": 1}
+    marker = json.loads((target / COMPLETE_MARKER).read_text())
+    assert read_stamp(target) == {"v": 1} and marker["file_sizes"] == {"weights.bin": 10}
+    assert marker["file_sha256"] == {"weights.bin": hashlib.sha256(b"\x01" * 10).hexdigest()}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["thing"]  # no staging dirs left behind
 
 
@@ -320,6 +325,38 @@ def test_recover_merges_worked_example():
     assert recover_merges(ranks) == [(b"b", b"c"), (b"a", b"b"), (b"a", b"bc")]
     with pytest.raises(ValueError, match="not reachable by one merge"):
         recover_merges({b"a": 0, b"b": 1, b"c": 2, b"abc": 3})
+
+
+DAMAGES = {
+    "same-size byte flip": (lambda f: f.joinpath("model.safetensors").write_bytes(_flipped(f / "model.safetensors")),
+                            r"model\.safetensors is not what was built \(sha256 differs\)"),
+    "resized": (lambda f: f.joinpath("config.json").write_text("{}"), r"config\.json is not what was built \(expected"),
+    "file added": (lambda f: f.joinpath("extra.bin").write_bytes(b"x"), r"extra\.bin is not what was built \(unlisted"),
+    "hashes removed": (lambda f: f.joinpath(COMPLETE_MARKER).write_text(json.dumps(read_stamp(f))),
+                       r"lists no file hashes"),
+}  # fmt: skip
+
+
+def _flipped(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    return bytes(data)
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_built_model_folder_loads_only_as_it_was_built(damage, tmp_path, monkeypatch):
+    """Every loader verifies what vagen built or shipped, as resume verifies a checkpoint (issue 37, class 5)."""
+    from vagen.bootstrap.tiny import build_tiny_text_lm
+    from vagen.models.registry import load_policy
+
+    folder = build_tiny_text_lm(tmp_path, size="test")
+    load_policy("tiny", "pretrained", "text", path=str(folder))  # as built: loads
+    damage_fn, message = DAMAGES[damage]
+    damage_fn(folder)
+    with pytest.raises(ValueError, match=message + r".*Fix: delete .* and load again"):
+        verify_built_folder(folder)
+    with pytest.raises(ValueError, match=message):
+        load_policy("tiny", "pretrained", "text", path=str(folder))
 
 
 def test_bytes_to_unicode_is_a_printable_bijection():

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from vagen.models.cache import verify_built_folder
 from vagen.registry import Registry, load_entry_points
 
 MODALITIES = ("vision", "text")
@@ -106,6 +107,7 @@ def load_policy(
     if modality not in MODALITIES:
         raise ValueError(f"Unknown model.modality {modality!r}; use one of {MODALITIES}.")
     folder = model_folder(source, path, size)
+    verify_built_folder(folder)  # a folder vagen built (or shipped) loads only as it was built
     device = torch.device(device)
     torch_dtype = resolve_dtype(dtype, device)
     try:

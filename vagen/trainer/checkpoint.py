@@ -25,7 +25,6 @@ or carried in `state` (e.g. `torch.Generator.get_state()` of a private generator
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import random
@@ -44,6 +43,7 @@ from safetensors import safe_open
 from safetensors.torch import load_model, save_model
 
 import vagen
+from vagen.models.cache import check_files, file_manifest
 
 CHECKPOINTS_DIRNAME = "checkpoints"
 MARKER_FILENAME = "complete.json"
@@ -187,26 +187,15 @@ def _write_contents(
     _torch_save(_rng_states(), folder / "rng.pt")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _write_marker(folder: Path, iteration: int, fingerprint: dict[str, Any]) -> None:
-    files = [path for path in sorted(folder.rglob("*")) if path.is_file()]
-    sizes = {str(path.relative_to(folder)): path.stat().st_size for path in files}
     marker = {
         "iteration": iteration,
         "time": time.time(),
         "time_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "vagen_version": vagen.__version__,
         "fingerprint": fingerprint,
-        "file_sizes": sizes,
-        # Same-size corruption (a flipped block) passes the size check and would load as NaN weights.
-        "file_sha256": {str(path.relative_to(folder)): _sha256(path) for path in files},
+        # Sizes and sha256: same-size corruption (a flipped block) passes a size check and would load as NaN weights.
+        **file_manifest(folder, MARKER_FILENAME),
     }
     (folder / MARKER_FILENAME).write_text(json.dumps(marker, indent=2, sort_keys=True))
 
@@ -440,29 +429,24 @@ def verify_checkpoint(path: Path, fingerprint: dict[str, Any] | None = None) -> 
                 f"Checkpoint {path} was made with a different setup ({details}). Fix: resume with the config the "
                 "run was started with, or start a new run in a fresh run_dir."
             )
-    on_disk = {str(file.relative_to(path)) for file in path.rglob("*") if file.is_file()} - {MARKER_FILENAME}
-    unlisted = sorted(on_disk - marker["file_sizes"].keys())
-    if unlisted:
+    problem = check_files(path, marker, MARKER_FILENAME)
+    if problem is None:
+        return marker
+    name, what = problem
+    if what == "unlisted":
         raise ValueError(
-            f"Checkpoint file {path / unlisted[0]} is not listed in its {MARKER_FILENAME}: the save that completed the "
+            f"Checkpoint file {path / name} is not listed in its {MARKER_FILENAME}: the save that completed the "
             f"checkpoint did not write it, so it cannot be trusted. Fix: move it out of {path} (or move {path} out "
             f"of the run folder and {_previous_hint(path)})."
         )
-    for name, size in marker["file_sizes"].items():
-        file = path / name
-        if not file.is_file() or file.stat().st_size != size:
-            actual = file.stat().st_size if file.is_file() else "missing"
-            raise ValueError(
-                f"Checkpoint file {file} is corrupt or truncated (expected {size} bytes, found {actual}); "
-                f"move {path} out of the run folder and {_previous_hint(path)}."
-            )
-    for name, expected in marker["file_sha256"].items():
-        if _sha256(path / name) != expected:
-            raise ValueError(
-                f"Checkpoint file {path / name} is corrupt (its sha256 differs from the one recorded when it was "
-                f"saved); move {path} out of the run folder and {_previous_hint(path)}."
-            )
-    return marker
+    damage = (
+        "corrupt (its sha256 differs from the one recorded when it was saved)"
+        if what == "sha256 differs"
+        else (f"corrupt or truncated ({what})")
+    )
+    raise ValueError(
+        f"Checkpoint file {path / name} is {damage}; move {path} out of the run folder and {_previous_hint(path)}."
+    )
 
 
 def _check_names(kind: str, saved: set[str], given: set[str], path: Path) -> None:

@@ -11,6 +11,7 @@ a resumed run replays exactly what an uninterrupted one would have done. As one 
 from __future__ import annotations
 
 import copy
+import time
 import warnings
 from collections import defaultdict
 from contextlib import nullcontext
@@ -125,6 +126,7 @@ class StarPOTrainer(IterationLoop):
         # Before minutes of loading end in an out-of-memory error: refuse a run that cannot fit, or lower its
         # micro-batch size where that alone makes it fit.
         self.memory_plan = plan_run(cfg, self.prompt_tokens, device) if cfg.trainer.memory_check else None
+        self.micro_batch_size = int(cfg.trainer.micro_batch_size)  # a runtime value: the user's config is never written
         if self.memory_plan is not None and self.memory_plan.micro_batch_size < cfg.trainer.micro_batch_size:
             warnings.warn(
                 f"trainer.micro_batch_size={cfg.trainer.micro_batch_size} does not fit in memory; using "
@@ -132,7 +134,7 @@ class StarPOTrainer(IterationLoop):
                 f"({self.memory_plan.describe()}): the same gradient, accumulated over more passes.",
                 stacklevel=2,
             )
-            cfg.trainer.micro_batch_size = self.memory_plan.micro_batch_size
+            self.micro_batch_size = self.memory_plan.micro_batch_size
         self.policy = load_policy(
             model_cfg.name,
             model_cfg.source,
@@ -290,7 +292,7 @@ class StarPOTrainer(IterationLoop):
         fresh: [B] bool, rows whose old log-probs the first mini-batch's own forward will provide (they are left 0
         here and filled in by `update`), which saves their separate no-grad forward pass.
         """
-        trainer, algo = self.cfg.trainer, self.cfg.algorithm
+        algo = self.cfg.algorithm
         processor = self.policy.processor
         temperature = self.cfg.rollout.temperature
         # Same function, precision (autocast) and mode (no dropout) as the update's forward passes, so the
@@ -304,7 +306,7 @@ class StarPOTrainer(IterationLoop):
             stale = mine if fresh is None else mine[~fresh[mine]]
             if len(stale):
                 scored = batched_logprobs(
-                    self.model, batch.select(stale), processor, trainer.micro_batch_size, temperature
+                    self.model, batch.select(stale), processor, self.micro_batch_size, temperature
                 )
                 old_logprobs[stale, : scored.shape[1]] = scored
             parallel.sum_(old_logprobs)
@@ -314,7 +316,7 @@ class StarPOTrainer(IterationLoop):
                 if len(mine):
                     with self.reference_scope():
                         scored = batched_logprobs(
-                            self.reference, batch.select(mine), processor, trainer.micro_batch_size, temperature
+                            self.reference, batch.select(mine), processor, self.micro_batch_size, temperature
                         )
                     ref_logprobs[mine, : scored.shape[1]] = scored
                 parallel.sum_(ref_logprobs)
@@ -322,7 +324,7 @@ class StarPOTrainer(IterationLoop):
             if self.critic is not None:
                 old_values = torch.zeros(batch.input_ids.shape)
                 with torch.no_grad():
-                    for rows in batch.micro_batches(mine, trainer.micro_batch_size):
+                    for rows in batch.micro_batches(mine, self.micro_batch_size):
                         values = critic_forward(self.critic, batch.select(rows), processor).float().cpu()
                         old_values[rows, : values.shape[1]] = values
                 parallel.sum_(old_values)
@@ -373,8 +375,12 @@ class StarPOTrainer(IterationLoop):
         fresh = torch.zeros(len(batch), dtype=torch.bool)
         if trainer.reuse_first_forward and self.data_parallel.world == 1:
             fresh[first_order[: trainer.mini_batch_size]] = True
-        batch = self.with_training_tensors(batch, fresh)
         stats = UpdateStats.empty()
+        scoring_start = time.perf_counter()
+        batch = self.with_training_tensors(batch, fresh)
+        if next(self.model.parameters()).is_cuda:
+            torch.cuda.synchronize()
+        stats.add("perf", {"logprobs_s": time.perf_counter() - scoring_start})  # old/ref log-probs, values, advantages
         mask = batch.response_mask
         stats.add("rollout", {"advantage_abs_mean": (batch.advantages.abs() * mask).sum() / mask.sum().clamp(min=1)})
         if self.cfg.algorithm.advantage == "gigpo":
@@ -424,7 +430,7 @@ class StarPOTrainer(IterationLoop):
         for optimizer in self.optimizers.values():
             optimizer.zero_grad(set_to_none=True)
         whole_mask = batch.response_mask[mini]
-        for micro in batch.micro_batches(self.data_parallel.share(mini), self.cfg.trainer.micro_batch_size):
+        for micro in batch.micro_batches(self.data_parallel.share(mini), self.micro_batch_size):
             mb = batch.select(micro)
             logprobs = self._micro_step(mb, whole_mask, stats, fresh[micro])
             if bool(fresh[micro].any()):  # keep them: later epochs and the gap metric read old log-probs
