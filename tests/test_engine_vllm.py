@@ -240,7 +240,7 @@ CHILD_PROCESS_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=90)
 def test_child_process_engine_matches(tmp_path, smollm2, contexts, vllm_engine):
     """vLLM's default mode (engine in child processes): same outputs, weights shipped through a file."""
     script = tmp_path / "child_engine.py"
@@ -310,7 +310,7 @@ def differs(generations, others) -> bool:
     )
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=80)
 def test_a_resumed_vllm_run_samples_from_the_restored_weights(tmp_path, smollm2, contexts, greedy, monkeypatch):
     """A checkpoint (trained with the hf engine, lr high enough to move the weights) resumed with rollout=vllm:
     the vLLM engine must sample from the restored weights, not from the folder's initial ones."""
@@ -330,7 +330,7 @@ def test_a_resumed_vllm_run_samples_from_the_restored_weights(tmp_path, smollm2,
     assert differs(restored, initial), "the checkpoint's weights should differ from the initial ones"
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=75)
 def test_lora_training_with_vllm_rollouts_samples_from_the_adapted_policy(smollm2, contexts, greedy, monkeypatch):
     """trainer.lora with rollout=vllm: after LoRA updates the engine (its own copy of SmolLM2) is synced with the
     merged weights W + scale·B·A, so it samples what the adapted policy would."""

@@ -36,7 +36,7 @@ def hostile_outputs(count: int, seed: int = 0) -> list[str]:
     return outputs
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=35)
 def test_ten_thousand_hostile_outputs_never_raise_and_garbage_is_never_rewarded():
     combos = [(env_id, mode) for env_id in registered_envs() for mode in ("text", "image", "text+image")]
     outputs = hostile_outputs(OUTPUTS_PER_RUN)

@@ -71,7 +71,7 @@ def test_summary_on_a_worked_example():
     assert summary == pytest.approx({"optimal_mass": 0.6, "top_optimal": 0.5, "chance": 0.375, "states": 2})
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=35)
 def test_script_prints_and_writes_each_models_probe_and_refuses_what_it_cannot_probe(tmp_path):
     command = [sys.executable, str(ROOT / "scripts" / "move_probe.py"), "tiny_vl_test", "tiny_vl_warm_test"]
     done = subprocess.run([*command, "--states", "6", "--json", str(tmp_path / "probe.json")],

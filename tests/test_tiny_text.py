@@ -94,7 +94,7 @@ def test_the_recipe_stamp_forces_a_rebuild(tmp_path, monkeypatch):
     assert read_stamp(folder) == tiny_text_stamp(changed, build_tiny_text(tmp_path, size="test"))
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=40)
 def test_shipped_tiny_text_is_the_current_recipe_and_replays_its_report(tmp_path):
     """The committed tiny_text is used while its stamp is today's recipe, and its weights replay the report: greedy
     success and format-ok on the report's held-out seeds within 3 episodes (CPU float reductions differ with the

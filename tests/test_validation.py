@@ -112,7 +112,7 @@ def test_bench_learning_trains_with_the_default_configs():
         assert differing == bench_only, differing
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=70)
 def test_bench_learning_resumes_and_never_replays_a_validated_stage(tmp_path, monkeypatch):
     """Budgets in episodes become iterations (4 episodes each here); a rerun with a larger budget continues each run
     from its checkpoint (the earlier validation is kept as logged), and a rerun of a finished budget trains nothing."""

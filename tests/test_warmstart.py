@@ -234,7 +234,7 @@ def test_cached_build_is_reused_and_reports(tmp_path):
     assert other == folder and read_stamp(folder)["recipe"]["steps"] == 2
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=75)
 def test_shipped_tiny_vl_is_the_current_recipe_and_plays_as_its_report_says(tmp_path):
     """The committed warm tiny_vl is used only while its stamp is today's recipe (else it is rebuilt), and its
     weights replay the report: greedy success on the report's held-out seeds within 3 of 128 episodes (CPU
@@ -250,7 +250,7 @@ def test_shipped_tiny_vl_is_the_current_recipe_and_plays_as_its_report_says(tmp_
     assert greedy["success"] > 2 * report["eval"]["random"]["success"]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=590)
 def test_shipped_smollm2_text_default_is_its_recipe_and_plays_as_its_report_says():
     """`model=smollm2_135m` (the text default) is SmolLM2-135M-Instruct + the shipped sokoban_text adapter: the
     adapter's report holds the recipe of `SMOLLM2_TEXT_SFT` on the base `model=smollm2_135m_base`, and the folded

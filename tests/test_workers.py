@@ -107,7 +107,7 @@ def test_two_workers_play_and_train_as_one_process(ray_cluster, single_run, tmp_
         trainer.close()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=50)
 def test_each_worker_count_resumes_the_others_checkpoint(ray_cluster, single_run, tmp_path):
     """1 worker → checkpoint → 2 workers finish the run, and the other way round: both end where the single
     uninterrupted run ends."""
@@ -121,7 +121,7 @@ def test_each_worker_count_resumes_the_others_checkpoint(ray_cluster, single_run
         assert_same_parameters(dict(final.model.named_parameters()), parameters[1])
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=45)
 def test_a_killed_worker_names_itself_and_the_checkpoint_which_resumes(ray_cluster, single_run, tmp_path):
     _, parameters, _ = single_run
     cfg = config(tmp_path, "trainer.workers=2", "trainer.iterations=2")
