@@ -439,11 +439,9 @@ def verify_checkpoint(path: Path, fingerprint: dict[str, Any] | None = None) -> 
             f"checkpoint did not write it, so it cannot be trusted. Fix: move it out of {path} (or move {path} out "
             f"of the run folder and {_previous_hint(path)})."
         )
-    damage = (
-        "corrupt (its sha256 differs from the one recorded when it was saved)"
-        if what == "sha256 differs"
-        else (f"corrupt or truncated ({what})")
-    )
+    damage = "corrupt (its sha256 differs from the one recorded when it was saved)"
+    if what != "sha256 differs":
+        damage = f"corrupt or truncated ({what})"
     raise ValueError(
         f"Checkpoint file {path / name} is {damage}; move {path} out of the run folder and {_previous_hint(path)}."
     )
