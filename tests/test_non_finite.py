@@ -5,23 +5,10 @@ import multiprocessing
 from pathlib import Path
 
 import torch
+from test_trainer import TEXT
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-RUN = [
-    "env=bandit_text",
-    "model=tiny_text_test",
-    "algorithm=ppo",
-    "filter.empty_policy=keep_all",
-    "trainer.groups=2",
-    "trainer.group_size=2",
-    "trainer.mini_batch_size=4",
-    "trainer.micro_batch_size=2",
-    "rollout.max_new_tokens=12",
-    "logger.wandb_mode=disabled",
-    "logger.progress=false",
-    "trainer.viz_every=0",
-    "trainer.eval_every=0",
-]
+RUN = [*TEXT, "algorithm=ppo", "filter.empty_policy=keep_all"]
 
 
 def replica(rank: int, rendezvous: str, run_dir: str, results) -> None:
