@@ -349,3 +349,32 @@ def test_inverse_cdf_sampling_follows_the_distribution_and_each_row_only_its_own
     batched, _ = sample_next_tokens(mixed, hot, draws[:6])
     alone = [int(sample_next_tokens(mixed[i : i + 1], hot, draws[i : i + 1])[0]) for i in range(6)]
     assert batched.tolist() == alone
+
+
+def test_grouped_query_attention_without_copies_gives_the_same_numbers(vl_model, image_processor):
+    """vagen's CPU attention (`enable_gqa` under a mask, no repeated KV heads) against transformers' `sdpa`: the same
+    sampled tokens and log-probs and training logits, bit for bit, and the same gradients up to the order in which
+    the grouped heads' key/value gradients are summed."""
+    import copy
+
+    from vagen.models.attention import ATTENTION, use_fast_attention
+
+    reference, fast = copy.deepcopy(vl_model), copy.deepcopy(vl_model)
+    use_fast_attention(fast)
+    assert fast.config.text_config._attn_implementation == ATTENTION
+    assert reference.config.text_config._attn_implementation == "sdpa"
+    contexts, sampling = vl_contexts(image_processor), SamplingParams(max_new_tokens=12, temperature=1.0, seed=3)
+    want = HFEngine(reference, image_processor).generate(contexts, sampling)
+    assert_same_generations(HFEngine(fast, image_processor).generate(contexts, sampling), want, atol=0)
+
+    padded = torch.tensor([[0, 0, 0, 5, 6, 7, 8, 9], [10, 11, 12, 13, 14, 15, 16, 17]])
+    mask = (torch.arange(8) >= torch.tensor([[3], [0]])).long()  # a left-padded row: the mask reaches attention
+    grads = []
+    for model in (reference, fast):
+        model.zero_grad()
+        logits = model(input_ids=padded, attention_mask=mask).logits
+        logits.square().mean().backward()
+        grads.append((logits.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    assert torch.equal(grads[0][0], grads[1][0])
+    for a, b in zip(grads[0][1], grads[1][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * float(a.abs().max()))

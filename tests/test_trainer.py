@@ -536,6 +536,34 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(overrides, mon
     assert math.isfinite(metrics["policy/grad_norm"]) and metrics["policy/update_norm"] > 0
 
 
+@pytest.mark.parametrize("overrides", [TEXT, VISUAL], ids=["text", "visual"])
+def test_a_right_padded_batch_is_scored_without_a_mask_to_the_same_numbers(overrides):
+    """The trainer's batches pad at the ends of rows, where causal attention never looks back: the forward drops the
+    mask (so the kernel skips the masked half) and real positions get the masked path's hidden states and
+    gradients."""
+    from vagen.trainer.forward import model_inputs
+
+    trainer = StarPOTrainer(config(overrides))
+    batch = starpo.trajectories_to_batch(trainer.rollout(), pad_token_id=trainer.policy.tokenizer.pad_token_id or 0)
+    batch.attention_mask[0, -5:] = 0  # the first dialogue ends 5 tokens earlier (text tokens, after its images)
+    real = batch.attention_mask.bool()
+    inputs = model_inputs(trainer.model, batch, trainer.policy.processor)
+    assert inputs["attention_mask"] is None
+    left_padded = dataclasses.replace(batch, attention_mask=batch.attention_mask.clone())
+    left_padded.attention_mask[1, 0] = 0
+    assert model_inputs(trainer.model, left_padded, trainer.policy.processor)["attention_mask"] is not None
+    results = []
+    for mask in (None, batch.attention_mask):
+        trainer.model.zero_grad()
+        hidden = trainer.model.model(**{**inputs, "attention_mask": mask}).last_hidden_state
+        (hidden[real].square().sum()).backward()
+        grads = [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+        results.append((hidden[real].detach(), grads))
+    assert torch.equal(results[0][0], results[1][0])
+    for got, want in zip(results[0][1], results[1][1], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * float(want.abs().max()))
+
+
 def test_lora_reference_is_the_base_model_with_adapters_off_and_no_second_copy():
     """With LoRA and a KL term the reference is the policy with its adapters disabled: after training it still
     scores exactly as the untouched base model, and the trainer holds no second set of weights."""

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from vagen.engines.base import ENGINES, Context, EngineSource, Generation, SamplingParams, context_seeds
 from vagen.models.inputs import (
@@ -65,6 +66,36 @@ def distinct_contexts(contexts: list[Context]) -> tuple[list[Context], list[int]
             unique.append(context)
         copy_of_row.append(index[key])
     return unique, copy_of_row
+
+
+class ReservedLayer(DynamicLayer):
+    """A full-attention cache layer with room for `extra` more positions: a decode step writes its key and value into
+    the buffer instead of concatenating them to a new tensor (a copy of the whole cache, every step, every layer).
+    The keys and values it returns are views of the same numbers, so attention computes exactly what it would."""
+
+    def __init__(self, layer: DynamicLayer, extra: int) -> None:
+        super().__init__()
+        batch, heads, self.length, width = layer.keys.shape
+        shape = (batch, heads, self.length + extra, width)
+        self.key_buffer, self.value_buffer = layer.keys.new_empty(shape), layer.values.new_empty(shape)
+        self.key_buffer[:, :, : self.length], self.value_buffer[:, :, : self.length] = layer.keys, layer.values
+        self.dtype, self.device, self.is_initialized = layer.keys.dtype, layer.keys.device, True
+        self.keys, self.values = layer.keys, layer.values
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple:
+        end = self.length + key_states.shape[-2]
+        if end > self.key_buffer.shape[-2]:
+            raise RuntimeError(f"ReservedLayer holds {self.key_buffer.shape[-2]} positions; {end} were written.")
+        self.key_buffer[:, :, self.length : end], self.value_buffer[:, :, self.length : end] = key_states, value_states
+        self.keys, self.values, self.length = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end], end
+        return self.keys, self.values
+
+
+def reserve_decode_room(cache: Any, extra: int) -> None:
+    """Give each full-attention layer of a prefilled `DynamicCache` room for `extra` decode steps (`ReservedLayer`)."""
+    for index, layer in enumerate(cache.layers):
+        if type(layer) is DynamicLayer and layer.is_initialized:
+            cache.layers[index] = ReservedLayer(layer, extra)
 
 
 def restrict_to_top_k(scores: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -268,6 +299,7 @@ class HFEngine:
             output_cache(output).batch_select_indices(rows)
             output.logits = output.logits[rows]
             attention_mask, rope_delta = attention_mask[rows], rope_delta[rows]
+        reserve_decode_room(output_cache(output), sampling.max_new_tokens)
         next_index = attention_mask.sum(dim=-1)  # (B,) real-token index of the next token
         stop_ids = torch.tensor(sampling.stop_token_ids, dtype=torch.long, device=device)
         banned = placeholder_token_ids(self.model)

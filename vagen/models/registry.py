@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from vagen.models.attention import use_fast_attention
 from vagen.models.cache import verify_built_folder
 from vagen.registry import Registry, load_entry_points
 
@@ -129,6 +130,7 @@ def load_policy(
             f"Could not load model {name!r} from {folder!r}: {error}. Without network access, point model.path at "
             "a local folder with the weights, or use an offline default (model=tiny_vl or model=smollm2_135m)."
         ) from error
+    use_fast_attention(model)
     return Policy(name, modality, model.to(device), tokenizer, image_processor, str(folder))
 
 

@@ -34,6 +34,11 @@ def model_inputs(model: torch.nn.Module, batch: TokenBatch, processor: Any | Non
     inputs.update(image_model_inputs(model, processor, [image for row in batch.images for image in row]))
     grid = inputs.get("image_grid_thw")
     inputs["position_ids"], _ = prompt_position_ids(model, input_ids, attention_mask, grid)
+    if bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
+        # Pads only at the ends of rows: under causal attention no real token sees a later pad, so the mask changes
+        # nothing for them (bit-identical log-probs and gradients, tests/test_trainer.py), and without it the
+        # attention kernel skips the masked half instead of computing and discarding it.
+        inputs["attention_mask"] = None
     return inputs
 
 
