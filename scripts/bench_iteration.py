@@ -28,10 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from vagen.cli import script_options
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULTS = {"before": None, "after": ".", "iterations": 3, "rounds": 2, "threads": 2}
+DEFAULTS = {"before": "", "after": ".", "iterations": 3, "rounds": 2, "threads": 2}
 BASE_OVERRIDES = [
     "env=sokoban_visual",
     "diagnostics.compute_freq=0",
@@ -92,12 +92,12 @@ def child(options: dict, overrides: list[str]) -> None:
         trainer = build_trainer(cfg)
         trainer.train_iteration()  # warm-up: allocator, thread pools, lazy imports
         for _ in range(int(options["iterations"])):
-            if options.get("count_flops"):
+            if options.count_flops:
                 print(json.dumps(counted_iteration(trainer)), flush=True)
                 continue
             metrics = trainer.train_iteration()
             print(json.dumps({"phases": phases(metrics), "hash": rollout_hash(trainer.last_trajectories)}), flush=True)
-        if options.get("count_flops"):
+        if options.count_flops:
             print(json.dumps({"matmul": matmul_rate(int(options["threads"]))}), flush=True)
 
 
@@ -137,16 +137,11 @@ def run_side(folder: Path, options: dict, overrides: list[str], count_flops: boo
 
 
 def main() -> None:
-    keys = set(DEFAULTS) | {"role", "count_flops"}
-    options = {
-        **DEFAULTS,
-        **OmegaConf.to_container(OmegaConf.from_cli([a for a in sys.argv[1:] if a.split("=")[0] in keys])),
-    }
-    overrides = [a for a in sys.argv[1:] if a.split("=")[0] not in keys]
-    if options.get("role") == "child":
+    options, overrides = script_options(sys.argv[1:], {**DEFAULTS, "role": "driver", "count_flops": False})
+    if options.role == "child":
         child(options, overrides)
         return
-    if not options["before"]:
+    if not options.before:
         raise SystemExit("error: say which commit to compare against, e.g. before=main~1 (after defaults to .).")
     with tempfile.TemporaryDirectory() as scratch:
         sides = {name: checkout(str(options[name]), Path(scratch)) for name in ("before", "after")}

@@ -37,6 +37,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
+from vagen.cli import script_options
 from vagen.eval import CellStore, evaluate, outcomes_by_seed, paired_change
 from vagen.eval.runner import episode_seeds
 from vagen.logging import read_metrics
@@ -44,6 +45,16 @@ from vagen.viz.plots import new_figure, save_figure
 
 ROOT = Path(__file__).resolve().parent.parent
 COLOURS = ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:gray")
+DEFAULTS = {
+    "arms": "grpo,gigpo,starpo_s,gigpo_plr",
+    "seeds": "0,1,2",
+    "episodes": 10000,
+    "eval_at": "0,1000,2500,5000,10000",
+    "eval_episodes": 256,
+    "jobs": 1,
+    "paired_samples": 0,
+    "out": "outputs/bench_learning",
+}
 ARMS = {
     "grpo": ["algorithm=grpo"],
     "gigpo": ["algorithm=gigpo"],
@@ -56,10 +67,6 @@ ARMS = {
     "gigpo_lr3e-4": ["algorithm=gigpo", "trainer.lr=3e-4"],
 }
 Z_95 = 1.959964
-
-
-def option(argv: list[str], name: str, default: str) -> str:
-    return next((a.split("=", 1)[1] for a in argv if a.startswith(f"{name}=")), default)
 
 
 def training_overrides(arm: str, seed: int, run_dir: Path, iterations: int, episodes: int, extra: list[str]):
@@ -275,21 +282,25 @@ def paired_summary(runs: dict[tuple[str, int], Path], samples: int, seeds: int, 
 
 
 def main(argv: list[str]) -> None:
-    arms = option(argv, "arms", "grpo,gigpo,starpo_s,gigpo_plr").split(",")
+    try:
+        options, overrides = script_options(argv, DEFAULTS)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+    arms = options.arms.split(",")
     unknown = [arm for arm in arms if arm not in ARMS]
     if unknown:
         raise SystemExit(f"Unknown arms {unknown}; valid: {sorted(ARMS)}.")
-    seeds = [int(s) for s in option(argv, "seeds", "0,1,2").split(",")]
-    budget = int(option(argv, "episodes", "10000"))
-    eval_at = [int(e) for e in option(argv, "eval_at", "0,1000,2500,5000,10000").split(",")]
-    episodes = int(option(argv, "eval_episodes", "256"))
-    jobs = int(option(argv, "jobs", "1"))
-    paired_samples = int(option(argv, "paired_samples", "0"))
+    seeds = [int(s) for s in options.seeds.split(",")]
+    budget, episodes, jobs, paired_samples = (
+        options.episodes,
+        options.eval_episodes,
+        options.jobs,
+        options.paired_samples,
+    )
+    eval_at = [int(e) for e in options.eval_at.split(",")]
     if paired_samples < 0:
         raise SystemExit(f"paired_samples={paired_samples} must be >= 0 (0 skips the paired re-measurement).")
-    out = Path(option(argv, "out", "outputs/bench_learning")).resolve()
-    own = ("arms", "seeds", "episodes", "eval_at", "eval_episodes", "jobs", "paired_samples", "out")
-    overrides = [a for a in argv if a.split("=", 1)[0] not in own]
+    out = Path(options.out).resolve()
     per_iteration = episodes_per_iteration(overrides)
     stages = sorted({max(1, round(e / per_iteration)) for e in eval_at if 0 < e <= budget})
     threads = max(1, (os.cpu_count() or 1) // jobs)

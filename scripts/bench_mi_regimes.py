@@ -20,6 +20,7 @@ import sys
 import numpy as np
 import torch
 
+from vagen.cli import script_options
 from vagen.diagnostics import classify_regime, mi_metrics
 from vagen.diagnostics.scoring import build_scoring_job, cross_scores
 from vagen.engines import HFEngine, SamplingParams
@@ -28,10 +29,6 @@ from vagen.models.registry import load_policy
 from vagen.rollout import DialogueFormatter, RolloutSpec, collect_rollouts
 
 FRACTION = 0.1  # diagnostics.mi_threshold_fraction
-
-
-def option(name: str, default: int) -> int:
-    return int(next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith(f"{name}=")), default))
 
 
 def blind(model: torch.nn.Module) -> torch.nn.Module:
@@ -61,7 +58,8 @@ def measure(model, policy, seeds: list[int], group_size: int, seed: int) -> dict
 
 def main() -> None:
     torch.manual_seed(0)
-    groups, group_size, seed = option("groups", 16), option("group_size", 4), option("seed", 0)
+    options, _ = script_options(sys.argv[1:], {"groups": 16, "group_size": 4, "seed": 0})
+    groups, group_size, seed = options.groups, options.group_size, options.seed
     policy = load_policy("tiny_vl", "tiny_vl", "vision", size="default", dtype="float32")
     seeds = [10**9 + k for k in range(groups)]  # held-out evaluation seeds
     results = {

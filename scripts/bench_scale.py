@@ -20,15 +20,11 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
+from vagen.cli import script_options
 from vagen.trainer.starpo import StarPOTrainer
 from vagen.trainer.workers import RayTrainer, local_ray_environment
 
 ROOT = Path(__file__).resolve().parent.parent
-OWN_OPTIONS = ("iterations", "threads")
-
-
-def option(name: str, default: str) -> str:
-    return next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith(f"{name}=")), default)
 
 
 def config(run_dir: Path, extra: list[str]):
@@ -51,8 +47,8 @@ def rollout_tokens(trainer) -> int:
 
 
 def main() -> None:
-    iterations, threads = int(option("iterations", "4")), int(option("threads", "2"))
-    extra = [a for a in sys.argv[1:] if a.split("=", 1)[0] not in OWN_OPTIONS]
+    options, extra = script_options(sys.argv[1:], {"iterations": 4, "threads": 2})
+    iterations, threads = options.iterations, options.threads
     torch.set_num_threads(threads)
     local_ray_environment()  # workers at normal priority, so the race is fair on a shared machine
     import ray

@@ -28,16 +28,13 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
+from vagen.cli import script_options
 from vagen.env import make_env
 from vagen.rollout import DialogueFormatter
 from vagen.trainer.starpo import StarPOTrainer
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUPS, GROUP_SIZE, NEW_TOKENS, LR = 8, 4, 24, 2e-5
-
-
-def option(name: str, default: str) -> str:
-    return next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith(f"{name}=")), default)
 
 
 def our_config(model: str, extra: list[str] = ()):
@@ -193,20 +190,22 @@ def medians(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 def main() -> None:
-    model = option("model", "smollm2_135m")
-    if option("profile", "false").lower() == "true":  # profile=true: only the profiles, with and without the reuse
-        torch.set_num_threads(int(option("threads", str(torch.get_num_threads()))))
+    defaults = {"model": "smollm2_135m", "profile": False, "mi_only": False, "mi": True, "iterations": 6}
+    options, _ = script_options(
+        sys.argv[1:], {**defaults, "threads": torch.get_num_threads(), "trl_checkpointing": True}
+    )
+    model, iterations, threads = options.model, options.iterations, options.threads
+    if options.profile:  # profile=true: only the profiles, with and without the reuse
+        torch.set_num_threads(threads)
         for extra in (["trainer.reuse_first_forward=false"], []):
             print(f"\nour iteration, {' '.join(extra) or 'defaults'}:\n{profile_ours(model, extra)}")
         return
-    iterations = int(option("iterations", "6"))
-    threads = int(option("threads", str(torch.get_num_threads())))
-    if option("mi_only", "false").lower() == "true":  # mi_only=true: only the MI fraction of the visual default
+    if options.mi_only:  # mi_only=true: only the MI fraction of the visual default
         torch.set_num_threads(threads)
         fraction = mi_fraction(iterations)
         print(f"MI scoring (every iteration) on the visual default: {fraction:.3f} of its iteration time")
         return
-    checkpointing = option("trl_checkpointing", "true").lower() == "true"
+    checkpointing = options.trl_checkpointing
     torch.set_num_threads(threads)
     trl = medians(run_trl(model, iterations, checkpointing))
     ours = medians(run_ours(model, iterations))
@@ -223,7 +222,7 @@ def main() -> None:
     for name, row in (("ours / TRL", ours), ("ours without reuse / TRL", plain)):
         ratio = {key: row[key] / trl[key] for key in row}
         print(f"| {name} | {ratio['rollout']:.2f}x | {ratio['update']:.2f}x | **{ratio['iteration']:.2f}x** |")
-    if option("mi", "true").lower() == "true":
+    if options.mi:
         fraction = mi_fraction(min(iterations, 4))
         print(f"MI scoring (every iteration) on the visual default: {fraction:.2f} of its iteration time")
 

@@ -25,6 +25,7 @@ EDGES = {
     "algos": {"registry"},
     "filtering": {"registry"},
     "logging": set(),
+    "cli": set(),
     "models": {"registry"},
     "engines": {"registry", "models", "env"},
     "rollout": {"engines", "env"},

@@ -1,0 +1,49 @@
+"""The command line of the benchmark and study scripts: Hydra's `key=value` form, one parser for all of them.
+
+A script declares its own options with their defaults; every other `key=value` argument is passed on as a
+train.py override (`env=...`, `trainer.lr=...`), which Hydra's compose then checks.
+
+    options, overrides = script_options(sys.argv[1:], {"iterations": 3, "threads": 2, "before": None})
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "text"}
+
+
+def script_options(argv: list[str], defaults: dict[str, Any]) -> tuple[DictConfig, list[str]]:
+    """(the script's options: `defaults` updated from `argv`, the remaining arguments as overrides).
+
+    A value is read as its default's type: true/false, an integer, a number, or text kept exactly as typed (a
+    commit like 8363e24 stays text, comma lists such as seeds=0,1,2 stay text for the script to split; a default of
+    None takes text). An argument without `=`, or a value of the wrong type, is an error that says what is expected.
+    """
+    options, overrides = OmegaConf.create(dict(defaults)), []
+    for argument in argv:
+        key, equals, text = argument.partition("=")
+        if not equals:
+            raise ValueError(
+                f"{argument!r} is not key=value; options are {', '.join(defaults)} and train.py overrides."
+            )
+        if key not in defaults:
+            overrides.append(argument)
+            continue
+        expected = type(defaults[key]) if defaults[key] is not None else str
+        try:
+            options[key] = PARSERS[expected](text)
+        except (KeyError, ValueError):
+            raise ValueError(f"{key}={text!r} must be {TYPE_NAMES.get(expected, expected.__name__)}.") from None
+    return options, overrides
+
+
+def _boolean(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise ValueError(text)
+    return text.lower() == "true"
+
+
+PARSERS = {bool: _boolean, int: int, float: float, str: str}
