@@ -282,10 +282,7 @@ def paired_summary(runs: dict[tuple[str, int], Path], samples: int, seeds: int, 
 
 
 def main(argv: list[str]) -> None:
-    try:
-        options, overrides = script_options(argv, DEFAULTS)
-    except ValueError as error:
-        raise SystemExit(f"error: {error}") from None
+    options, overrides = script_options(argv, DEFAULTS)
     arms = options.arms.split(",")
     unknown = [arm for arm in arms if arm not in ARMS]
     if unknown:

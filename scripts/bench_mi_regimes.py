@@ -58,7 +58,7 @@ def measure(model, policy, seeds: list[int], group_size: int, seed: int) -> dict
 
 def main() -> None:
     torch.manual_seed(0)
-    options, _ = script_options(sys.argv[1:], {"groups": 16, "group_size": 4, "seed": 0})
+    options, _ = script_options(sys.argv[1:], {"groups": 16, "group_size": 4, "seed": 0}, overrides=False)
     groups, group_size, seed = options.groups, options.group_size, options.seed
     policy = load_policy("tiny_vl", "tiny_vl", "vision", size="default", dtype="float32")
     seeds = [10**9 + k for k in range(groups)]  # held-out evaluation seeds

@@ -192,7 +192,7 @@ def medians(rows: list[dict[str, float]]) -> dict[str, float]:
 def main() -> None:
     defaults = {"model": "smollm2_135m", "profile": False, "mi_only": False, "mi": True, "iterations": 6}
     options, _ = script_options(
-        sys.argv[1:], {**defaults, "threads": torch.get_num_threads(), "trl_checkpointing": True}
+        sys.argv[1:], {**defaults, "threads": torch.get_num_threads(), "trl_checkpointing": True}, overrides=False
     )
     model, iterations, threads = options.model, options.iterations, options.threads
     if options.profile:  # profile=true: only the profiles, with and without the reuse

@@ -2,21 +2,23 @@
 
 import pytest
 
-from vagen.cli import script_options
+from vagen.cli import parse_options, script_options
 
 DEFAULTS = {"iterations": 3, "lr": 0.5, "profile": False, "before": "", "seeds": "0,1,2", "out": None}
 
 
 def test_own_options_take_their_defaults_types_and_the_rest_pass_on_as_overrides():
-    options, overrides = script_options(
+    options, overrides = parse_options(
         ["iterations=7", "env=sokoban_visual", "lr=2", "profile=true", "before=8363e24", "trainer.lr=1e-4"], DEFAULTS
     )
     assert (options.iterations, options.lr, options.profile) == (7, 2.0, True)
     assert options.before == "8363e24"  # a commit that YAML would read as a number stays as typed
     assert options.seeds == "0,1,2" and options.out is None
     assert overrides == ["env=sokoban_visual", "trainer.lr=1e-4"]
-    options, _ = script_options(["seeds=4,5", "out=/tmp/x"], DEFAULTS)
+    options, _ = parse_options(["seeds=4,5", "out=/tmp/x"], DEFAULTS)
     assert options.seeds == "4,5" and options.out == "/tmp/x"
+    with pytest.raises(ValueError, match="Unknown option 'env'; this script's options are iterations, lr"):
+        parse_options(["env=sokoban_visual"], DEFAULTS, overrides=False)  # a script that takes no overrides
 
 
 @pytest.mark.parametrize(
@@ -29,6 +31,10 @@ def test_own_options_take_their_defaults_types_and_the_rest_pass_on_as_overrides
         ("iterations", "'iterations' is not key=value; options are iterations, lr"),
     ],
 )
-def test_a_wrong_value_names_the_option_and_what_it_takes(argument, message):
-    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+def test_a_wrong_value_names_the_option_and_what_it_takes(argument, message, capsys):
+    with pytest.raises(ValueError, match=message):
+        parse_options([argument], DEFAULTS)
+    with pytest.raises(SystemExit) as exit_info:  # the scripts' form: one error line, exit 2, no traceback
         script_options([argument], DEFAULTS)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1

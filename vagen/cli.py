@@ -8,6 +8,7 @@ train.py override (`env=...`, `trainer.lr=...`), which Hydra's compose then chec
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -15,14 +16,27 @@ from omegaconf import DictConfig, OmegaConf
 TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "text"}
 
 
-def script_options(argv: list[str], defaults: dict[str, Any]) -> tuple[DictConfig, list[str]]:
+def script_options(argv: list[str], defaults: dict[str, Any], overrides: bool = True) -> tuple[DictConfig, list[str]]:
     """(the script's options: `defaults` updated from `argv`, the remaining arguments as overrides).
+
+    As argparse does, a bad argument ends the script with one `error:` line (exit 2).
+    """
+    try:
+        return parse_options(argv, defaults, overrides)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def parse_options(argv: list[str], defaults: dict[str, Any], overrides: bool = True) -> tuple[DictConfig, list[str]]:
+    """`script_options` without the exit: a bad argument raises ValueError. overrides=False: a script that takes no
+    train.py overrides refuses any other key.
 
     A value is read as its default's type: true/false, an integer, a number, or text kept exactly as typed (a
     commit like 8363e24 stays text, comma lists such as seeds=0,1,2 stay text for the script to split; a default of
     None takes text). An argument without `=`, or a value of the wrong type, is an error that says what is expected.
     """
-    options, overrides = OmegaConf.create(dict(defaults)), []
+    options, passed_on = OmegaConf.create(dict(defaults)), []
     for argument in argv:
         key, equals, text = argument.partition("=")
         if not equals:
@@ -30,14 +44,16 @@ def script_options(argv: list[str], defaults: dict[str, Any]) -> tuple[DictConfi
                 f"{argument!r} is not key=value; options are {', '.join(defaults)} and train.py overrides."
             )
         if key not in defaults:
-            overrides.append(argument)
+            if not overrides:
+                raise ValueError(f"Unknown option {key!r}; this script's options are {', '.join(defaults)}.")
+            passed_on.append(argument)
             continue
         expected = type(defaults[key]) if defaults[key] is not None else str
         try:
             options[key] = PARSERS[expected](text)
         except (KeyError, ValueError):
             raise ValueError(f"{key}={text!r} must be {TYPE_NAMES.get(expected, expected.__name__)}.") from None
-    return options, overrides
+    return options, passed_on
 
 
 def _boolean(text: str) -> bool:
