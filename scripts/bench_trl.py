@@ -190,10 +190,8 @@ def medians(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 def main() -> None:
-    defaults = {"model": "smollm2_135m", "profile": False, "mi_only": False, "mi": True, "iterations": 6}
-    options, _ = script_options(
-        sys.argv[1:], {**defaults, "threads": torch.get_num_threads(), "trl_checkpointing": True}, overrides=False
-    )
+    defaults = {"model": "smollm2_135m", "iterations": 6, "threads": torch.get_num_threads(), "trl_checkpointing": True}
+    options, _ = script_options(sys.argv[1:], {**defaults, "profile": False, "mi_only": False, "mi": True}, False)
     model, iterations, threads = options.model, options.iterations, options.threads
     if options.profile:  # profile=true: only the profiles, with and without the reuse
         torch.set_num_threads(threads)

@@ -3,7 +3,7 @@
 A script declares its own options with their defaults; every other `key=value` argument is passed on as a
 train.py override (`env=...`, `trainer.lr=...`), which Hydra's compose then checks.
 
-    options, overrides = script_options(sys.argv[1:], {"iterations": 3, "threads": 2, "before": None})
+    options, overrides = script_options(sys.argv[1:], {"iterations": 3, "threads": 2, "before": ""})
 """
 
 from __future__ import annotations

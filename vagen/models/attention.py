@@ -3,9 +3,9 @@
 transformers' `sdpa` path repeats each key/value head `num_key_value_groups` times (a full copy of the KV cache at
 every decode step) whenever an attention mask is passed, which in our left-padded batches is always; it asks torch to
 do grouped-query attention itself only without a mask, because CUDA's fast kernels do not take both. On the CPU,
-`scaled_dot_product_attention(..., enable_gqa=True)` takes a mask, gives the same numbers (bit-identical in
-tests/test_attention.py), and does a decode step of tiny_vl's batch 12× faster. Every other case (GPU, no grouped
-heads, no mask, paged caches, position biases) is transformers' own `sdpa` function, unchanged.
+`scaled_dot_product_attention(..., enable_gqa=True)` takes a mask and gives the same outputs, bit for bit (gradients
+agree to float rounding: tests/test_engine_hf.py), and a decode step of tiny_vl's batch attends 12× faster. Every
+other case (GPU, no grouped heads, no mask, paged caches, position biases) is transformers' own `sdpa`, unchanged.
 """
 
 from __future__ import annotations
