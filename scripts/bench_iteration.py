@@ -10,10 +10,11 @@ The sides alternate `rounds` times (A B A B) so that machine noise falls on both
 assumed: every timed iteration's rollout (all token ids of all dialogues) must hash the same on both sides.
 
 Prints, per phase (rollout, old/ref log-probs, the rest of the update, iteration), the median seconds over all
-timed iterations and rounds, each side's share of its iteration, and before/after; then the after side's achieved
-FLOP/s per phase (FLOPs counted by torch.utils.flop_counter on one more iteration, divided by the phase's median
-seconds) against this machine's measured matmul rate (1024² and tiny_vl's MLP shape, the better of the two).
-Run it with nothing else on the cores.
+timed iterations and rounds, each side's share of its iteration, and before/after; then each side's achieved FLOP/s
+for the rollout and the update: the FLOPs of each iteration (torch.utils.flop_counter, in one more untimed run of the
+same iterations per side, whose rollouts are hashed too) over that iteration's seconds, the median over iterations,
+against this machine's measured matmul rate (1024² and tiny_vl's MLP shape, the better of the two). The counter
+counts causal attention at its full L². Run it with nothing else on the cores.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from omegaconf import DictConfig
 
 from vagen.cli import script_options
 
@@ -77,7 +80,7 @@ def matmul_rate(threads: int) -> float:
     return best
 
 
-def child(options: dict, overrides: list[str]) -> None:
+def child(options: DictConfig, overrides: list[str]) -> None:
     """One side: one JSON line per timed iteration (phases, rollout hash). With count_flops, the same iterations
     instead run through the loop's public steps under torch's FLOP counter (FLOPs per phase, rollout hash)."""
     import torch
@@ -85,20 +88,20 @@ def child(options: dict, overrides: list[str]) -> None:
 
     from vagen.trainer.run import build_trainer
 
-    torch.set_num_threads(int(options["threads"]))
+    torch.set_num_threads(options.threads)
     with tempfile.TemporaryDirectory() as run_dir:
         with initialize_config_dir(config_dir=str(Path.cwd() / "configs"), version_base=None):
             cfg = compose("train", overrides=[*BASE_OVERRIDES, f"run_dir={run_dir}/run", *overrides])
         trainer = build_trainer(cfg)
         trainer.train_iteration()  # warm-up: allocator, thread pools, lazy imports
-        for _ in range(int(options["iterations"])):
+        for _ in range(options.iterations):
             if options.count_flops:
                 print(json.dumps(counted_iteration(trainer)), flush=True)
                 continue
             metrics = trainer.train_iteration()
             print(json.dumps({"phases": phases(metrics), "hash": rollout_hash(trainer.last_trajectories)}), flush=True)
         if options.count_flops:
-            print(json.dumps({"matmul": matmul_rate(int(options["threads"]))}), flush=True)
+            print(json.dumps({"matmul": matmul_rate(options.threads)}), flush=True)
 
 
 def counted_iteration(trainer) -> dict:
@@ -125,7 +128,7 @@ def checkout(ref: str, scratch: Path) -> Path:
     return folder
 
 
-def run_side(folder: Path, options: dict, overrides: list[str], count_flops: bool = False) -> list[dict]:
+def run_side(folder: Path, options: DictConfig, overrides: list[str], count_flops: bool = False) -> list[dict]:
     args = [f"{k}={v}" for k, v in options.items() if k in ("iterations", "threads")]
     env = {**os.environ, "PYTHONPATH": str(folder), "OMP_NUM_THREADS": str(options["threads"])}
     flags = ["count_flops=true"] if count_flops else []
@@ -144,10 +147,10 @@ def main() -> None:
     if not options.before:
         raise SystemExit("error: say which commit to compare against, e.g. before=main~1 (after defaults to .).")
     with tempfile.TemporaryDirectory() as scratch:
-        sides = {name: checkout(str(options[name]), Path(scratch)) for name in ("before", "after")}
+        sides = {name: checkout(options[name], Path(scratch)) for name in ("before", "after")}
         try:
             results = {name: [] for name in sides}
-            for round_index in range(int(options["rounds"])):
+            for round_index in range(options.rounds):
                 for name, folder in sides.items():
                     print(f"round {round_index + 1}: {name} ({options[name]})", file=sys.stderr, flush=True)
                     results[name] += run_side(folder, options, overrides)
@@ -160,8 +163,8 @@ def main() -> None:
     report(options, results, counts)
 
 
-def report(options: dict, results: dict[str, list[dict]], counts: dict[str, list[dict]]) -> None:
-    iterations, rounds = int(options["iterations"]), int(options["rounds"])
+def report(options: DictConfig, results: dict[str, list[dict]], counts: dict[str, list[dict]]) -> None:
+    iterations, rounds = options.iterations, options.rounds
     runs = [rows[start : start + iterations] for rows in results.values() for start in range(0, len(rows), iterations)]
     runs += [[row for row in rows if "hash" in row] for rows in counts.values()]
     same = all([row["hash"] for row in run] == [row["hash"] for row in runs[0]] for run in runs)
