@@ -65,6 +65,8 @@ ARMS = {
     "grpo_top_p": ["algorithm=grpo", "filter=top_p"],
     "gigpo_lr1e-4": ["algorithm=gigpo", "trainer.lr=1e-4"],
     "gigpo_lr3e-4": ["algorithm=gigpo", "trainer.lr=3e-4"],
+    # Sokoban only: a per-action potential-based reward from the solver's distance (dead ends priced), lr 1e-4
+    "gigpo_shaped": ["algorithm=gigpo", "trainer.lr=1e-4", "env.kwargs.distance_shaping=1.0"],
 }
 Z_95 = 1.959964
 
