@@ -37,15 +37,17 @@ def main(argv: list[str]) -> None:
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose("train", overrides=["logger.wandb_mode=disabled", "diagnostics.compute_freq=1", *overrides])
     trainer = StarPOTrainer(cfg)
-    start_state = copy.deepcopy(trainer.model.state_dict())
-    rollout_s = timed(lambda: setattr(trainer, "batch", trainer.rollout()))
-    trajectories = trainer.batch
+    learner = trainer.learner
+    start_state = copy.deepcopy(learner.model.state_dict())
+    start = time.perf_counter()
+    trajectories = trainer.rollout()
+    rollout_s = time.perf_counter() - start
     rewards = group_returns(trajectories, cfg.trainer.groups, cfg.trainer.group_size)
     kept, metrics = select_groups(
         rewards, strategy="top_p", value=cfg.filter.value if cfg.filter.strategy == "top_p" else 0.9
     )
     keep = set(kept.tolist())
-    pad = trainer.policy.tokenizer.pad_token_id or 0
+    pad = learner.tokenizer.pad_token_id or 0
     batches = {
         "none": trajectories_to_batch(trajectories, pad),
         "top_p": trajectories_to_batch([t for t in trajectories if t.group_id in keep], pad) if keep else None,
@@ -55,16 +57,10 @@ def main(argv: list[str]) -> None:
         for name, batch in batches.items():
             if batch is None:
                 continue
-            trainer.model.load_state_dict(start_state)
-            times[name].append(timed(lambda batch=batch: trainer.update(batch)))
-        trainer.model.load_state_dict(start_state)
-        times["mi"].append(
-            timed(
-                lambda: trainer.monitor.mi(
-                    trainer.model, trainer.policy.processor, trainer.policy.tokenizer, trajectories, 0
-                )
-            )
-        )
+            learner.model.load_state_dict(start_state)
+            times[name].append(timed(lambda batch=batch: learner.update(batch, 0)))
+        learner.model.load_state_dict(start_state)
+        times["mi"].append(timed(lambda: trainer.monitor.mi(learner, trajectories, 0)))
     median = {name: statistics.median(values) for name, values in times.items() if values}
     step = rollout_s + median["none"]
     print(

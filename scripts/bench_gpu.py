@@ -120,6 +120,7 @@ def measure(args: argparse.Namespace, folder: str) -> dict[str, float]:
     start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = StarPOTrainer(run_config(args, folder, run_dir))
+        learner = trainer.learner
         metrics = trainer.train_iteration()
         trainer.close()
     batch = trajectories_to_batch(trainer.last_trajectories, pad_token_id=0)
@@ -131,8 +132,8 @@ def measure(args: argparse.Namespace, folder: str) -> dict[str, float]:
         "sampled_tokens": float(batch.response_mask.sum()),
         "tokens": float(batch.attention_mask.sum()),
         "peak_gib": (peak - (0 if cuda else start_rss)) / GIB,
-        "plan_gib": trainer.memory_plan.peak / GIB if trainer.memory_plan else float("nan"),
-        "trainable_m": sum(p.numel() for p in trainer.trainable_parameters()) / 1e6,
+        "plan_gib": learner.memory_plan.peak / GIB if learner.memory_plan else float("nan"),
+        "trainable_m": sum(p.numel() for p in learner.trainable_parameters()) / 1e6,
     }
 
 

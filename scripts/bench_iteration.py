@@ -11,15 +11,18 @@ assumed: every timed iteration's rollout (all token ids of all dialogues) must h
 
 Prints, per phase (rollout, old/ref log-probs, the rest of the update, iteration), the median seconds over all
 timed iterations and rounds, each side's share of its iteration, and before/after; then each side's achieved FLOP/s
-for the rollout and the update: the FLOPs of each iteration (torch.utils.flop_counter, in one more untimed run of the
-same iterations per side, whose rollouts are hashed too) over that iteration's seconds, the median over iterations,
-against this machine's measured matmul rate (1024² and tiny_vl's MLP shape, the better of the two). The counter
-counts causal attention at its full L². Run it with nothing else on the cores.
+for the rollout and the update: the FLOPs of each iteration (torch.utils.flop_counter around the loop's phases, through
+`StarPOTrainer.train_iteration(around=...)`, in one more untimed run of the same iterations per side, whose rollouts
+are hashed too; a commit without that hook gets no FLOP row) over that iteration's seconds, the median over
+iterations, against this machine's measured matmul rate (1024² and tiny_vl's MLP shape, the better of the two). The
+counter counts causal attention at its full L². Run it with nothing else on the cores.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import inspect
 import json
 import os
 import statistics
@@ -82,17 +85,18 @@ def matmul_rate(threads: int) -> float:
 
 def child(options: DictConfig, overrides: list[str]) -> None:
     """One side: one JSON line per timed iteration (phases, rollout hash). With count_flops, the same iterations
-    instead run through the loop's public steps under torch's FLOP counter (FLOPs per phase, rollout hash)."""
+    instead run under torch's FLOP counter, per phase through the loop's `around` hook (FLOPs per phase, rollout
+    hash; a commit whose loop has no such hook gives the hash alone)."""
     import torch
     from hydra import compose, initialize_config_dir
 
-    from vagen.trainer.run import build_trainer
+    from vagen.trainer.starpo import StarPOTrainer
 
     torch.set_num_threads(options.threads)
     with tempfile.TemporaryDirectory() as run_dir:
         with initialize_config_dir(config_dir=str(Path.cwd() / "configs"), version_base=None):
             cfg = compose("train", overrides=[*BASE_OVERRIDES, f"run_dir={run_dir}/run", *overrides])
-        trainer = build_trainer(cfg)
+        trainer = StarPOTrainer(cfg)
         trainer.train_iteration()  # warm-up: allocator, thread pools, lazy imports
         for _ in range(options.iterations):
             if options.count_flops:
@@ -105,18 +109,16 @@ def child(options: DictConfig, overrides: list[str]) -> None:
 
 
 def counted_iteration(trainer) -> dict:
-    """`train_iteration`'s steps (rollout, update, finish), each under torch's FLOP counter."""
+    """One `train_iteration` with its rollout and update phases each under torch's FLOP counter."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as rollout:
-        trajectories, kept, _ = trainer.sample_batch()
-    with FlopCounterMode(display=False) as update:
-        if kept:
-            trainer.train_on(kept)
-    trainer.finish_iteration()
-    trainer.iteration += 1
-    flops = {"rollout": rollout.get_total_flops(), "update": update.get_total_flops()}
-    return {"flops": flops, "hash": rollout_hash(trajectories)}
+    if "around" not in inspect.signature(trainer.train_iteration).parameters:
+        trainer.train_iteration()
+        return {"hash": rollout_hash(trainer.last_trajectories)}
+    counters = {"rollout": FlopCounterMode(display=False), "update": FlopCounterMode(display=False)}
+    trainer.train_iteration(around=lambda phase: counters.get(phase, contextlib.nullcontext()))
+    flops = {phase: counter.get_total_flops() for phase, counter in counters.items()}
+    return {"flops": flops, "hash": rollout_hash(trainer.last_trajectories)}
 
 
 def checkout(ref: str, scratch: Path) -> Path:
@@ -188,6 +190,9 @@ def report(options: DictConfig, results: dict[str, list[dict]], counts: dict[str
     print("|---|---|---|---|---|")
     for name in ("before", "after"):
         flops = [row["flops"] for row in counts[name] if "flops" in row]
+        if not flops:
+            print(f"| {name} | (its loop has no phase hook to count with) | | | |")
+            continue
         for phase in ("rollout", "update"):
             per_iteration = []
             for index, row in enumerate(results[name]):

@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 
 from vagen.cli import script_options
 from vagen.trainer.starpo import StarPOTrainer
-from vagen.trainer.workers import RayTrainer, local_ray_environment
+from vagen.trainer.workers import local_ray_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,7 +57,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         single = StarPOTrainer(config(Path(scratch) / "single", extra))
         per_worker = max(1, threads // 2)
-        workers = RayTrainer(
+        workers = StarPOTrainer(
             config(Path(scratch) / "workers", [*extra, "trainer.workers=2", f"ray.cpus_per_worker={per_worker}"])
         )
         rows: dict[str, list[dict[str, float]]] = {"1 process": [], "2 Ray workers": []}

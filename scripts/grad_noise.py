@@ -42,7 +42,9 @@ def measure(cfg: DictConfig) -> dict:
         raise ValueError("grad_noise measures one process's gradient: leave trainer.workers=1.")
     trainer = StarPOTrainer(cfg)
     seeds = list(range(cfg.noise.first_seed, cfg.noise.first_seed + cfg.noise.groups))
-    result = measure_gradient_noise(trainer, seeds, cfg.noise.folds, progress=lambda line: print(line, flush=True))
+    result = measure_gradient_noise(
+        trainer.learner, trainer.sampling(), seeds, cfg.noise.folds, progress=lambda line: print(line, flush=True)
+    )
     trainer.close()
     return result
 

@@ -321,8 +321,8 @@ def test_a_resumed_vllm_run_samples_from_the_restored_weights(tmp_path, smollm2,
     train(compose_run(overrides))
     trainer = trained(compose_run([*overrides, *VLLM_ROLLOUT]))
     try:
-        resumed = trainer.engine.generate(contexts[:3], greedy)
-        restored = HFEngine(trainer.model).generate(contexts[:3], greedy)
+        resumed = trainer.learner.engine.generate(contexts[:3], greedy)
+        restored = HFEngine(trainer.learner.model).generate(contexts[:3], greedy)
         initial = HFEngine(smollm2[0]).generate(contexts[:3], greedy)
     finally:
         trainer.close()
@@ -342,8 +342,8 @@ def test_lora_training_with_vllm_rollouts_samples_from_the_adapted_policy(smollm
     try:
         for _ in range(2):  # LoRA's B starts at zero: the second step moves the adapted function
             trainer.train_iteration()
-        sampled = trainer.engine.generate(contexts[:3], greedy)
-        adapted = HFEngine(trainer.model).generate(contexts[:3], greedy)
+        sampled = trainer.learner.engine.generate(contexts[:3], greedy)
+        adapted = HFEngine(trainer.learner.model).generate(contexts[:3], greedy)
         initial = HFEngine(smollm2[0]).generate(contexts[:3], greedy)
     finally:
         trainer.close()

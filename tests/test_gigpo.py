@@ -168,10 +168,10 @@ def test_gigpo_preset_trains_with_step_groups_logged():
     from vagen.trainer.starpo import StarPOTrainer
 
     trainer = StarPOTrainer(config([*VISUAL, "algorithm=gigpo", "trainer.group_size=4", "trainer.mini_batch_size=8"]))
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    before = {n: p.detach().clone() for n, p in trainer.learner.model.named_parameters()}
     metrics = trainer.train_iteration()
     assert {"rollout/step_group_share", "rollout/step_group_size"} <= metrics.keys()
     # Every group's rollouts start from one level: their first turns at least share an anchor state.
     assert metrics["rollout/step_group_share"] > 0 and metrics["rollout/step_group_size"] >= 1
     assert all(math.isfinite(v) for v in metrics.values())
-    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+    assert any(not torch.equal(p, before[n]) for n, p in trainer.learner.model.named_parameters())

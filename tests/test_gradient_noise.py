@@ -96,23 +96,24 @@ def test_group_gradients_average_to_the_whole_batch_gradient_and_leave_the_weigh
     """The update's gradient on a batch of equal groups is the mean of its groups' gradients (seq-mean loss), so the
     per-group gradients the noise scale is built from are exactly what a step averages."""
     trainer = StarPOTrainer(config(["trainer.groups=3"]))
-    before = [p.detach().clone() for p in trainer.trainable_parameters()]
-    trajectories = trainer.collect([0, 1, 2])
-    batch = trainer.with_training_tensors(trajectories_to_batch(trajectories, trainer.policy.tokenizer.pad_token_id))
-    whole = trainer.policy_gradient(batch, torch.arange(len(batch)))
-    groups = [trainer.policy_gradient(batch, torch.nonzero(batch.group_index == g).flatten()) for g in range(3)]
+    learner = trainer.learner
+    before = [p.detach().clone() for p in learner.trainable_parameters()]
+    trajectories = learner.collect([0, 1, 2], trainer.sampling())
+    batch = learner.score(trajectories_to_batch(trajectories, learner.tokenizer.pad_token_id))
+    whole = learner.gradient(batch, torch.arange(len(batch)))
+    groups = [learner.gradient(batch, torch.nonzero(batch.group_index == g).flatten()) for g in range(3)]
     assert any(float(g.abs().sum()) > 0 for g in whole)
     for index, expected in enumerate(whole):
         mean = sum(group[index] for group in groups) / 3
         assert torch.allclose(mean, expected, atol=1e-7, rtol=1e-4)
-    for parameter, original in zip(trainer.trainable_parameters(), before, strict=True):
+    for parameter, original in zip(learner.trainable_parameters(), before, strict=True):
         assert torch.equal(parameter, original)
         assert parameter.grad is None
 
 
 def test_measure_reports_every_block_of_a_vision_model():
     trainer = StarPOTrainer(config([]))
-    result = measure_gradient_noise(trainer, list(range(6)), folds=3)
+    result = measure_gradient_noise(trainer.learner, trainer.sampling(), list(range(6)), folds=3)
     assert result["groups"] == 6 and result["group_size"] == 2 and result["batch_groups"] == 2
     assert set(result["blocks"]) == {"all", "vision", "language"}
     blocks = result["blocks"]
@@ -121,7 +122,7 @@ def test_measure_reports_every_block_of_a_vision_model():
         parts = blocks["vision"][key] + blocks["language"][key]
         assert parts == pytest.approx(blocks["all"][key], rel=1e-6, abs=1e-30)
     with pytest.raises(ValueError, match="at least 3 groups"):
-        measure_gradient_noise(trainer, [0, 1], folds=2)
+        measure_gradient_noise(trainer.learner, trainer.sampling(), [0, 1], folds=2)
 
 
 def test_grad_noise_script_end_to_end(tmp_path):

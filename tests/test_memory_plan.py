@@ -8,7 +8,8 @@ import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2Config, Qwen2ForCausalLM
 
 from vagen.models.lora import add_lora
-from vagen.trainer import memory_plan, starpo
+from vagen.trainer import learner as learner_module
+from vagen.trainer import memory_plan
 from vagen.trainer.memory_plan import (
     GIB,
     TrainingSetup,
@@ -90,7 +91,7 @@ def test_a_run_that_cannot_fit_is_refused_before_loading_with_the_fix(monkeypatc
     def no_model(*args, **kwargs):
         raise AssertionError("a model was loaded before the memory check")
 
-    monkeypatch.setattr(starpo, "load_policy", no_model)
+    monkeypatch.setattr(learner_module, "load_policy", no_model)
     one = [*TEXT, "rollout.max_context_tokens=512", "trainer.micro_batch_size=1"]
     cfg = config(one)
     full = memory_plan.plan_run(cfg, 50, "cpu")
@@ -114,15 +115,17 @@ def test_a_micro_batch_that_does_not_fit_is_lowered_to_the_largest_that_does(mon
     monkeypatch.setattr(memory_plan, "available_memory", lambda device: (at[2], "the GPU"))
     with pytest.warns(UserWarning, match=r"trainer\.micro_batch_size=4 does not fit .* using 2"):
         trainer = StarPOTrainer(cfg)
-    assert trainer.memory_plan.micro_batch_size == 2 and trainer.memory_plan.peak == at[2]
-    assert trainer.micro_batch_size == 2  # what the update splits by: a runtime value, logged by the warning above
+    assert trainer.learner.memory_plan.micro_batch_size == 2 and trainer.learner.memory_plan.peak == at[2]
+    assert (
+        trainer.learner.micro_batch_size == 2
+    )  # what the update splits by: a runtime value, logged by the warning above
     assert trainer.cfg.trainer.micro_batch_size == 4  # the user's config (and config.yaml) keep what was asked
 
 
 def test_the_memory_check_can_be_skipped(monkeypatch):
     monkeypatch.setattr(memory_plan, "available_memory", lambda device: (1, "the GPU"))
     trainer = StarPOTrainer(config([*TEXT, "trainer.memory_check=false"]))
-    assert trainer.memory_plan is None
+    assert trainer.learner.memory_plan is None
 
 
 def test_setup_from_config_reads_the_runs_options():

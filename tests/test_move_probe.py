@@ -108,4 +108,4 @@ def test_a_game_whose_answer_is_free_form_is_refused_and_the_trainer_leaves_the_
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
         cfg = compose("train", overrides=["env=cards_text", "model=tiny_text_test", *small, "trainer.eval_episodes=2"])
     trainer = StarPOTrainer(cfg)
-    assert trainer.move_probe() == {} and trainer.probe_states == []
+    assert trainer.learner.move_probe() == {} and trainer.learner.probe_states == []

@@ -17,21 +17,22 @@ def replica(rank: int, rendezvous: str, run_dir: str, results) -> None:
     from hydra import compose, initialize_config_dir
 
     from vagen.trainer.data_parallel import DataParallel
+    from vagen.trainer.learner import Learner
     from vagen.trainer.starpo import StarPOTrainer
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         cfg = compose("train", overrides=[*RUN, f"run_dir={run_dir}"])
-    trainer = StarPOTrainer(cfg, DataParallel(rank, 2))
+    trainer = StarPOTrainer(cfg, Learner(cfg, DataParallel(rank, 2)))
     if rank == 0:  # only this replica's value model diverged
         with torch.no_grad():
-            trainer.critic.value_head.weight.fill_(float("nan"))
-    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+            trainer.learner.critic.value_head.weight.fill_(float("nan"))
+    before = {name: p.detach().clone() for name, p in trainer.learner.model.named_parameters()}
     try:
         trainer.train_iteration()
         outcome = "trained"
     except ValueError as error:
         outcome = type(error).__name__
-    unchanged = all(torch.equal(p, before[name]) for name, p in trainer.model.named_parameters())
+    unchanged = all(torch.equal(p, before[name]) for name, p in trainer.learner.model.named_parameters())
     results.put((rank, outcome, unchanged))
     torch.distributed.destroy_process_group()
 

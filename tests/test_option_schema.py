@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 from test_trainer import CONFIG_DIR, FAST, TEXT
 
-from vagen.trainer import starpo
+from vagen.trainer import learner as learner_module
 from vagen.trainer.config import validate_config
 from vagen.trainer.starpo import StarPOTrainer
 
@@ -161,7 +161,7 @@ def test_values_that_train_inert_wrong_or_fail_late_are_refused_before_any_model
     def no_model(*args, **kwargs):
         raise AssertionError("a model was loaded before the config was refused")
 
-    monkeypatch.setattr(starpo, "load_policy", no_model)
+    monkeypatch.setattr(learner_module, "load_policy", no_model)
     with pytest.raises(ValueError, match=message):
         StarPOTrainer(compose_train([*TEXT, *overrides]))
 

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from test_trainer import TEXT as TRAINER_TEXT
 
 from vagen.logging import MetricsLogger, read_metrics
-from vagen.trainer import starpo
+from vagen.trainer import learner as learner_module
 from vagen.trainer.checkpoint import MARKER_FILENAME, latest_checkpoint
 from vagen.trainer.lock import LOCK_FILENAME
 from vagen.trainer.run import train
@@ -56,7 +56,7 @@ def no_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the run folder was checked")
 
-    monkeypatch.setattr(starpo, "load_policy", refuse)
+    monkeypatch.setattr(learner_module, "load_policy", refuse)
 
 
 def listing(run_dir: Path) -> dict[str, bytes]:

@@ -10,7 +10,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from vagen.trainer import learner as learner_module
 from vagen.trainer import starpo
+from vagen.trainer.learner import Learner
 from vagen.trainer.run import train, trained
 from vagen.trainer.starpo import StarPOTrainer
 
@@ -46,12 +48,12 @@ def snapshot(module):
 def test_each_preset_updates_every_parameter_with_finite_metrics(algorithm):
     cfg = config([*TEXT, f"algorithm={algorithm}", "filter.empty_policy=keep_all"])
     trainer = StarPOTrainer(cfg)
-    before = snapshot(trainer.model)
+    before = snapshot(trainer.learner.model)
     metrics = trainer.train_iteration()
     # Explained variance is undefined (NaN, logged as such) when every return is equal.
     undefined = {"critic/explained_variance"} if metrics["filter/reward_std_mean"] == 0 else set()
     assert all(math.isfinite(v) for k, v in metrics.items() if k not in undefined), metrics
-    changed = [name for name, p in trainer.model.named_parameters() if not torch.equal(p, before[name])]
+    changed = [name for name, p in trainer.learner.model.named_parameters() if not torch.equal(p, before[name])]
     assert len(changed) == len(before), f"unchanged: {set(before) - set(changed)}"
     assert {"policy/approx_kl", "policy/clipfrac", "policy/entropy", "policy/grad_norm"} <= metrics.keys()
     if cfg.algorithm.critic:
@@ -64,10 +66,10 @@ def test_each_preset_runs_with_its_own_empty_group_policy(algorithm):
     """The preset as a user gets it (DAPO rerolls, StarPO-S skips): the random model's rollouts may leave no group
     with reward spread, and then the update is skipped after the rerolls, with nothing changed."""
     trainer = StarPOTrainer(config([*TEXT, f"algorithm={algorithm}"]))
-    before = snapshot(trainer.model)
+    before = snapshot(trainer.learner.model)
     metrics = trainer.train_iteration()
     filt = trainer.cfg.filter
-    changed = {name for name, p in trainer.model.named_parameters() if not torch.equal(p, before[name])}
+    changed = {name for name, p in trainer.learner.model.named_parameters() if not torch.equal(p, before[name])}
     if metrics["filter/skipped_update"]:
         assert not changed and metrics["filter/kept_count"] == 0
         assert metrics["filter/rerolls"] == (filt.max_rerolls if filt.empty_policy == "reroll" else 0)
@@ -112,9 +114,9 @@ def test_resume_is_exact(tmp_path):
     resumed_cfg = config([*VISUAL, "algorithm=ppo", "trainer.iterations=4", "trainer.save_every=2"], tmp_path / "b")
     train(resumed_cfg)
     resumed = trained(resumed_cfg)
-    for name, module in reference.modules.items():
+    for name, module in reference.learner.modules.items():
         for (key, a), (_, b) in zip(
-            module.state_dict().items(), resumed.modules[name].state_dict().items(), strict=True
+            module.state_dict().items(), resumed.learner.modules[name].state_dict().items(), strict=True
         ):
             assert torch.allclose(a, b, atol=1e-6), f"{name}.{key} differs after resume"
     steps = [json.loads(line)["step"] for line in (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -152,7 +154,7 @@ def test_incompatible_configs_fail_before_any_model_loads(overrides, message, mo
     def no_model(*args, **kwargs):
         raise AssertionError("a model was loaded before the config was validated")
 
-    monkeypatch.setattr(starpo, "load_policy", no_model)
+    monkeypatch.setattr(learner_module, "load_policy", no_model)
     with pytest.raises(ValueError, match=message):
         StarPOTrainer(config(overrides))
 
@@ -161,13 +163,13 @@ def test_level_pool_cycles_through_a_fixed_set_of_levels(monkeypatch):
     """trainer.level_pool=L: the groups' env seeds run through run_seed·SEED_STRIDE + 0..L−1 and start over."""
     trainer = StarPOTrainer(config([*TEXT, "seed=3", "trainer.level_pool=3"]))
     played = []
-    monkeypatch.setattr(trainer, "collect", lambda seeds: played.append(seeds) or [])
+    monkeypatch.setattr(trainer.learner, "collect", lambda seeds, sampling: played.append(seeds) or [])
     for _ in range(3):
         trainer.rollout()
     first = 3 * starpo.SEED_STRIDE
     assert played == [[first, first + 1], [first + 2, first], [first + 1, first + 2]]
     fresh = StarPOTrainer(config([*TEXT, "seed=3"]))
-    monkeypatch.setattr(fresh, "collect", lambda seeds: played.append(seeds) or [])
+    monkeypatch.setattr(fresh.learner, "collect", lambda seeds, sampling: played.append(seeds) or [])
     fresh.rollout(), fresh.rollout()
     assert played[-2:] == [[first, first + 1], [first + 2, first + 3]]
 
@@ -181,11 +183,11 @@ def test_incompatible_checkpoint_is_a_clear_error(tmp_path):
 def test_lora_trains_only_adapters():
     cfg = config([*TEXT, "trainer.lora.enabled=true", "trainer.lora.target_modules=[q_proj,v_proj]"])
     trainer = StarPOTrainer(cfg)
-    before = snapshot(trainer.model)
+    before = snapshot(trainer.learner.model)
     # LoRA's B starts at zero, so A only receives gradient from the second step on.
     for _ in range(2):
         assert math.isfinite(trainer.train_iteration()["policy/grad_norm"])
-    changed = {name for name, p in trainer.model.named_parameters() if not torch.equal(p, before[name])}
+    changed = {name for name, p in trainer.learner.model.named_parameters() if not torch.equal(p, before[name])}
     adapters = {name for name in before if "lora_" in name}
     assert adapters and changed == adapters
 
@@ -240,22 +242,22 @@ def test_gradient_accumulation_equals_the_whole_mini_batch(agg, monkeypatch):
     """Micro-batches of 3 (uneven lengths, a ragged last one) give the gradients of one batch of 8 (1e-5)."""
     grads = []
 
-    def record_gradients(self, stats):
+    def record_gradients(self, stats, iteration):
         grads.append(
             {f"{name}.{p}": q.grad.clone() for name, m in self.modules.items() for p, q in m.named_parameters()}
         )
 
-    monkeypatch.setattr(StarPOTrainer, "_optimizer_step", record_gradients)
+    monkeypatch.setattr(Learner, "step", record_gradients)
     common = [*TEXT, "algorithm=ppo", f"algorithm.loss_agg={agg}", "trainer.groups=2", "trainer.group_size=4"]
     whole = StarPOTrainer(config([*common, "trainer.mini_batch_size=8", "trainer.micro_batch_size=8"]))
     parts = StarPOTrainer(config([*common, "trainer.mini_batch_size=8", "trainer.micro_batch_size=3"]))
-    batch = starpo.trajectories_to_batch(whole.rollout(), pad_token_id=whole.policy.tokenizer.pad_token_id or 0)
+    batch = starpo.trajectories_to_batch(whole.rollout(), pad_token_id=whole.learner.policy.tokenizer.pad_token_id or 0)
     for row in range(len(batch)):  # the random test model always writes max_new_tokens: vary the lengths
         sampled = batch.response_mask[row].nonzero().flatten()
         batch.response_mask[row, sampled[:row]] = 0.0
     assert len(set(batch.response_mask.sum(dim=1).tolist())) == len(batch)
-    whole.update(batch)
-    parts.update(batch)
+    whole.learner.update(batch, 0)
+    parts.learner.update(batch, 0)
     assert grads[0].keys() == grads[1].keys()
     for name, expected in grads[0].items():
         assert torch.allclose(grads[1][name], expected, atol=1e-5, rtol=1e-4), name
@@ -278,7 +280,7 @@ def test_a_second_run_into_a_busy_run_dir_refuses_and_a_stale_lock_is_taken_over
     try:
         lock.write_text(json.dumps({"pid": busy.pid, "host": os.uname().nodename}))
         with monkeypatch.context() as patch:
-            patch.setattr(starpo, "load_policy", no_model)
+            patch.setattr(learner_module, "load_policy", no_model)
             with pytest.raises(ValueError, match=f"in use by another run \\(pid {busy.pid}"):
                 train(cfg)
     finally:
@@ -306,14 +308,14 @@ def test_explained_variance_is_one_number_from_rollout_time_values(monkeypatch):
     from vagen.algos.losses import explained_variance
 
     seen = {}
-    original = StarPOTrainer.with_training_tensors
+    original = Learner.score
 
     def recording(self, batch, fresh=None):
         out = original(self, batch, fresh)
         seen["expected"] = explained_variance(out.old_values, out.value_targets, batch.response_mask)
         return out
 
-    monkeypatch.setattr(StarPOTrainer, "with_training_tensors", recording)
+    monkeypatch.setattr(Learner, "score", recording)
     trainer = StarPOTrainer(config([*TEXT, "algorithm=ppo", "trainer.groups=2", "trainer.group_size=4"]))
     metrics = trainer.train_iteration()
     assert metrics["critic/explained_variance"] == pytest.approx(float(seen["expected"]), nan_ok=True)
@@ -326,15 +328,21 @@ def test_the_trainer_scores_the_distribution_it_sampled_from(overrides):
     from vagen.trainer.forward import batched_logprobs
 
     trainer = StarPOTrainer(config([*overrides, "rollout.temperature=0.7"]))
-    batch = starpo.trajectories_to_batch(trainer.rollout(), pad_token_id=trainer.policy.tokenizer.pad_token_id or 0)
-    scored = batched_logprobs(trainer.model, batch, trainer.policy.processor, micro_batch=4, temperature=0.7)
+    batch = starpo.trajectories_to_batch(
+        trainer.rollout(), pad_token_id=trainer.learner.policy.tokenizer.pad_token_id or 0
+    )
+    scored = batched_logprobs(
+        trainer.learner.model, batch, trainer.learner.policy.processor, micro_batch=4, temperature=0.7
+    )
     mask = batch.response_mask.bool()
     torch.testing.assert_close(scored[mask], batch.rollout_logprobs[mask], atol=1e-4, rtol=0)
-    at_one = batched_logprobs(trainer.model, batch, trainer.policy.processor, micro_batch=4, temperature=1.0)
+    at_one = batched_logprobs(
+        trainer.learner.model, batch, trainer.learner.policy.processor, micro_batch=4, temperature=1.0
+    )
     assert not torch.allclose(scored[mask], at_one[mask], atol=1e-3)
     if overrides is TEXT:  # right-padded text rows: default positions 0..T-1 are the real positions
         with torch.no_grad():
-            logits = trainer.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            logits = trainer.learner.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         direct = torch.log_softmax(logits[:, :-1].float() / 0.7, -1).gather(-1, batch.input_ids[:, 1:, None])[..., 0]
         torch.testing.assert_close(scored[:, 1:][mask[:, 1:]], direct[mask[:, 1:]], atol=1e-5, rtol=0)
 
@@ -449,19 +457,19 @@ def test_self_imitation_keeps_the_positive_part_of_the_same_advantages():
         StarPOTrainer(config(overrides)),
         StarPOTrainer(config([*overrides, "algorithm.advantage_min=0"])),
     )
-    batch = starpo.trajectories_to_batch(plain.rollout(), pad_token_id=plain.policy.tokenizer.pad_token_id or 0)
+    batch = starpo.trajectories_to_batch(plain.rollout(), pad_token_id=plain.learner.policy.tokenizer.pad_token_id or 0)
     # The random test model earns the same reward everywhere; give each rollout a different one.
     rewards = torch.arange(8, dtype=torch.float32)[:, None] * batch.response_mask
     batch = dataclasses.replace(batch, token_rewards=rewards)
-    expected = plain.with_training_tensors(batch).advantages
+    expected = plain.learner.score(batch).advantages
     assert (expected < 0).any() and (expected > 0).any(), "the rollout should have mixed advantages"
-    assert torch.equal(imitating.with_training_tensors(batch).advantages, expected.clamp(min=0))
+    assert torch.equal(imitating.learner.score(batch).advantages, expected.clamp(min=0))
 
 
 def test_select_slices_the_training_tensors_with_their_dialogues():
     trainer = StarPOTrainer(config([*TEXT, "algorithm=ppo", "trainer.groups=2", "trainer.group_size=2"]))
-    batch = trainer.with_training_tensors(
-        starpo.trajectories_to_batch(trainer.rollout(), pad_token_id=trainer.policy.tokenizer.pad_token_id or 0)
+    batch = trainer.learner.score(
+        starpo.trajectories_to_batch(trainer.rollout(), pad_token_id=trainer.learner.policy.tokenizer.pad_token_id or 0)
     )
     rows = [2, 0]
     part = batch.select(rows)
@@ -486,14 +494,14 @@ def test_reusing_the_first_forward_gives_the_plain_paths_gradients(overrides, mo
     step must see the gradients and the loss metrics of the plain path (old log-probs all precomputed)."""
     grads = []
 
-    def record_gradients(self, stats):
+    def record_gradients(self, stats, iteration):
         grads.append({n: q.grad.clone() for n, q in self.model.named_parameters() if q.grad is not None})
 
-    monkeypatch.setattr(StarPOTrainer, "_optimizer_step", record_gradients)
+    monkeypatch.setattr(Learner, "step", record_gradients)
     plain = StarPOTrainer(config([*overrides, "trainer.reuse_first_forward=false"]))
     fast = StarPOTrainer(config([*overrides, "trainer.reuse_first_forward=true"]))
-    batch = starpo.trajectories_to_batch(plain.rollout(), pad_token_id=plain.policy.tokenizer.pad_token_id or 0)
-    plain_metrics, fast_metrics = plain.update(batch), fast.update(batch)
+    batch = starpo.trajectories_to_batch(plain.rollout(), pad_token_id=plain.learner.policy.tokenizer.pad_token_id or 0)
+    plain_metrics, fast_metrics = plain.learner.update(batch, 0).means(), fast.learner.update(batch, 0).means()
     assert len(grads) % 2 == 0 and grads
     steps = len(grads) // 2
     for want, got in zip(grads[:steps], grads[steps:], strict=True):
@@ -510,21 +518,24 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(overrides, mon
     number: losses and gradients of the update equal those without it (fp32, 1e-5); rollout is untouched."""
     grads = []
 
-    def record_gradients(self, stats):
+    def record_gradients(self, stats, iteration):
         named = [(f"{m}.{n}", q) for m, module in self.modules.items() for n, q in module.named_parameters()]
         grads.append({name: q.grad.clone() for name, q in named if q.grad is not None})
 
-    monkeypatch.setattr(StarPOTrainer, "_optimizer_step", record_gradients)
+    monkeypatch.setattr(Learner, "step", record_gradients)
     plain = StarPOTrainer(config(overrides))
     recomputed = StarPOTrainer(config([*overrides, "trainer.gradient_checkpointing=true"]))
-    batch = starpo.trajectories_to_batch(plain.rollout(), pad_token_id=plain.policy.tokenizer.pad_token_id or 0)
+    batch = starpo.trajectories_to_batch(plain.rollout(), pad_token_id=plain.learner.policy.tokenizer.pad_token_id or 0)
     calls = {"plain": [], "recomputed": []}
     for name, trainer in (("plain", plain), ("recomputed", recomputed)):  # a pre-hook: recomputation stops early
         hook = lambda *args, name=name: calls[name].append(torch.is_grad_enabled())
-        trainer.model.get_decoder().layers[0].register_forward_pre_hook(hook)
-    plain_metrics, recomputed_metrics = plain.update(batch), recomputed.update(batch)
+        trainer.learner.model.get_decoder().layers[0].register_forward_pre_hook(hook)
+    plain_metrics, recomputed_metrics = (
+        plain.learner.update(batch, 0).means(),
+        recomputed.learner.update(batch, 0).means(),
+    )
     assert calls["recomputed"].count(True) == 2 * calls["plain"].count(True) > 0  # forward + recomputation
-    assert not recomputed.model.get_decoder().layers[0].training  # eval mode again after the update
+    assert not recomputed.learner.model.get_decoder().layers[0].training  # eval mode again after the update
     for want, got in zip(grads[: len(grads) // 2], grads[len(grads) // 2 :], strict=True):
         assert want.keys() == got.keys()
         for name in want:
@@ -544,20 +555,24 @@ def test_a_right_padded_batch_is_scored_without_a_mask_to_the_same_numbers(overr
     from vagen.trainer.forward import model_inputs
 
     trainer = StarPOTrainer(config(overrides))
-    batch = starpo.trajectories_to_batch(trainer.rollout(), pad_token_id=trainer.policy.tokenizer.pad_token_id or 0)
+    batch = starpo.trajectories_to_batch(
+        trainer.rollout(), pad_token_id=trainer.learner.policy.tokenizer.pad_token_id or 0
+    )
     batch.attention_mask[0, -5:] = 0  # the first dialogue ends 5 tokens earlier (text tokens, after its images)
     real = batch.attention_mask.bool()
-    inputs = model_inputs(trainer.model, batch, trainer.policy.processor)
+    inputs = model_inputs(trainer.learner.model, batch, trainer.learner.policy.processor)
     assert inputs["attention_mask"] is None
     left_padded = dataclasses.replace(batch, attention_mask=batch.attention_mask.clone())
     left_padded.attention_mask[1, 0] = 0
-    assert model_inputs(trainer.model, left_padded, trainer.policy.processor)["attention_mask"] is not None
+    assert (
+        model_inputs(trainer.learner.model, left_padded, trainer.learner.policy.processor)["attention_mask"] is not None
+    )
     results = []
     for mask in (None, batch.attention_mask):
-        trainer.model.zero_grad()
-        hidden = trainer.model.model(**{**inputs, "attention_mask": mask}).last_hidden_state
+        trainer.learner.model.zero_grad()
+        hidden = trainer.learner.model.model(**{**inputs, "attention_mask": mask}).last_hidden_state
         (hidden[real].square().sum()).backward()
-        grads = [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+        grads = [p.grad.clone() for p in trainer.learner.model.parameters() if p.grad is not None]
         results.append((hidden[real].detach(), grads))
     assert torch.equal(results[0][0], results[1][0])
     for got, want in zip(results[0][1], results[1][1], strict=True):
@@ -571,22 +586,24 @@ def test_lora_reference_is_the_base_model_with_adapters_off_and_no_second_copy()
 
     cfg = config([*TEXT, "trainer.lora.enabled=true", "algorithm.kl_coef=0.1", "filter.empty_policy=keep_all"])
     trainer = StarPOTrainer(cfg)
-    assert trainer.reference is trainer.model
-    modules = [m for m in vars(trainer).values() if isinstance(m, torch.nn.Module)]
+    assert trainer.learner.reference is trainer.learner.model
+    modules = [m for m in vars(trainer.learner).values() if isinstance(m, torch.nn.Module)]
     storages = {p.untyped_storage().data_ptr() for m in modules for p in m.parameters()}
-    assert storages == {p.untyped_storage().data_ptr() for p in trainer.model.parameters()}
+    assert storages == {p.untyped_storage().data_ptr() for p in trainer.learner.model.parameters()}
     for _ in range(2):
         metrics = trainer.train_iteration()
     assert "loss/kl" in metrics
-    batch = starpo.trajectories_to_batch(trainer.last_trajectories, pad_token_id=trainer.policy.tokenizer.pad_token_id)
-    scored = trainer.with_training_tensors(batch)
+    batch = starpo.trajectories_to_batch(
+        trainer.last_trajectories, pad_token_id=trainer.learner.policy.tokenizer.pad_token_id
+    )
+    scored = trainer.learner.score(batch)
     base = load_policy(cfg.model.name, cfg.model.source, "text", size=cfg.model.size, dtype=cfg.model.dtype).model
     temperature = cfg.rollout.temperature
-    want = starpo.batched_logprobs(base, batch, trainer.policy.processor, 2, temperature)
+    want = learner_module.batched_logprobs(base, batch, trainer.learner.policy.processor, 2, temperature)
     torch.testing.assert_close(scored.ref_logprobs, want, atol=1e-5, rtol=1e-5)
     # The adapters are on again after scoring the reference, and trained: the policy has moved away from it.
     assert not torch.allclose(scored.old_logprobs, scored.ref_logprobs, atol=1e-6)
-    assert all(p.requires_grad for n, p in trainer.model.named_parameters() if "lora_" in n)
+    assert all(p.requires_grad for n, p in trainer.learner.model.named_parameters() if "lora_" in n)
 
 
 def test_a_non_finite_update_stops_before_the_step_and_names_the_intact_checkpoint(tmp_path):
@@ -602,12 +619,14 @@ def test_a_non_finite_update_stops_before_the_step_and_names_the_intact_checkpoi
     trainer = StarPOTrainer(config([*overrides, "trainer.iterations=2"], tmp_path))
     trainer.restore(saved)
     with torch.no_grad():
-        trainer.critic.value_head.weight.fill_(float("nan"))
-    policy = snapshot(trainer.model)
-    steps = {name: [s["step"].item() for s in opt.state.values()] for name, opt in trainer.optimizers.items()}
+        trainer.learner.critic.value_head.weight.fill_(float("nan"))
+    policy = snapshot(trainer.learner.model)
+    steps = {name: [s["step"].item() for s in opt.state.values()] for name, opt in trainer.learner.optimizers.items()}
     with pytest.raises(ValueError, match=r"iteration 2: .*nan.*iter_000001 .*intact") as error:
         trainer.train_iteration()
     assert type(error.value).__name__ == "NonFiniteTraining"
-    assert all(torch.equal(p, policy[name]) for name, p in trainer.model.named_parameters())
-    assert steps == {name: [s["step"].item() for s in opt.state.values()] for name, opt in trainer.optimizers.items()}
+    assert all(torch.equal(p, policy[name]) for name, p in trainer.learner.model.named_parameters())
+    assert steps == {
+        name: [s["step"].item() for s in opt.state.values()] for name, opt in trainer.learner.optimizers.items()
+    }
     assert latest_checkpoint(run_dir) == saved and all(path.read_bytes() == data for path, data in files.items())

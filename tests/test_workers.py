@@ -12,11 +12,12 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from vagen.trainer.learner import NonFiniteTraining
 from vagen.trainer.run import train, trained
-from vagen.trainer.starpo import NonFiniteTraining, StarPOTrainer
+from vagen.trainer.starpo import StarPOTrainer
 
 ray = pytest.importorskip("ray")
-from vagen.trainer.workers import RayTrainer, WorkerLost, contiguous_shares, local_ray_environment  # noqa: E402
+from vagen.trainer.workers import RayLearners, WorkerLost, contiguous_shares, local_ray_environment  # noqa: E402
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 RUN = [
@@ -64,7 +65,7 @@ def single_run(tmp_path_factory):
     for _ in range(2):
         trainer.train_iteration()
         trajectories.append(trainer.last_trajectories)
-        parameters.append({name: p.detach().clone() for name, p in trainer.model.named_parameters()})
+        parameters.append({name: p.detach().clone() for name, p in trainer.learner.model.named_parameters()})
     return trajectories, parameters, trainer.validate()
 
 
@@ -93,15 +94,16 @@ def test_two_workers_play_and_train_as_one_process(ray_cluster, single_run, tmp_
     """Same trajectories at every iteration; parameters within 1e-5 after 2 iterations, on both replicas; the same
     held-out validation."""
     trajectories, parameters, validation = single_run
-    trainer = RayTrainer(config(tmp_path, "trainer.workers=2"))
+    trainer = StarPOTrainer(config(tmp_path, "trainer.workers=2"))
+    assert isinstance(trainer.learner, RayLearners)
     try:
         for iteration in range(2):
             metrics = trainer.train_iteration()
             assert_same_trajectories(trainer.last_trajectories, trajectories[iteration])
         logged = {"mi/first_turn/num_prompts", "critic/explained_variance", "loss/kl", "policy/update_norm"}
         assert logged <= metrics.keys()
-        assert_same_parameters(trainer.worker_parameters(0), parameters[1])
-        assert_same_parameters(trainer.worker_parameters(1), trainer.worker_parameters(0), atol=0)
+        assert_same_parameters(trainer.learner.worker_parameters(0), parameters[1])
+        assert_same_parameters(trainer.learner.worker_parameters(1), trainer.learner.worker_parameters(0), atol=0)
         assert trainer.validate() == pytest.approx(validation, nan_ok=True)
     finally:
         trainer.close()
@@ -118,31 +120,31 @@ def test_each_worker_count_resumes_the_others_checkpoint(ray_cluster, single_run
         train(config(run_dir, f"trainer.workers={second}", "trainer.iterations=2"))
         final = trained(config(run_dir, "trainer.iterations=2"))
         assert final.iteration == 2
-        assert_same_parameters(dict(final.model.named_parameters()), parameters[1])
+        assert_same_parameters(dict(final.learner.model.named_parameters()), parameters[1])
 
 
 @pytest.mark.slow(seconds=45)
 def test_a_killed_worker_names_itself_and_the_checkpoint_which_resumes(ray_cluster, single_run, tmp_path):
     _, parameters, _ = single_run
     cfg = config(tmp_path, "trainer.workers=2", "trainer.iterations=2")
-    trainer = RayTrainer(cfg)
+    trainer = StarPOTrainer(cfg)
     try:
         trainer.train_iteration()
         checkpoint = trainer.save(keep_last=5)
-        os.kill(trainer.pids[1], signal.SIGKILL)
-        with pytest.raises(WorkerLost, match=rf"worker 1 of 2 \(pid {trainer.pids[1]}\).*{checkpoint}.*rerun"):
+        os.kill(trainer.learner.pids[1], signal.SIGKILL)
+        with pytest.raises(WorkerLost, match=rf"worker 1 of 2 \(pid {trainer.learner.pids[1]}\).*{checkpoint}.*rerun"):
             trainer.train_iteration()
     finally:
         trainer.close()
     train(cfg)  # the same command again: resumes from the checkpoint and finishes
     final = trained(cfg)
     assert final.iteration == 2
-    assert_same_parameters(dict(final.model.named_parameters()), parameters[1])
+    assert_same_parameters(dict(final.learner.model.named_parameters()), parameters[1])
 
 
 def test_more_workers_than_groups_is_refused_before_ray_starts(tmp_path):
     with pytest.raises(ValueError, match=r"trainer.workers=4 exceeds trainer.groups=3"):
-        RayTrainer(config(tmp_path, "trainer.workers=4"))
+        StarPOTrainer(config(tmp_path, "trainer.workers=4"))
 
 
 def test_a_non_finite_update_in_the_workers_is_the_trainers_own_one_line_error(ray_cluster, tmp_path):
@@ -150,9 +152,9 @@ def test_a_non_finite_update_in_the_workers_is_the_trainers_own_one_line_error(r
     workers' own NonFiniteTraining (one line, as train.py prints it), not Ray's wrapper with a remote traceback."""
     single = StarPOTrainer(config(tmp_path))
     with torch.no_grad():
-        single.critic.value_head.weight.fill_(float("nan"))
+        single.learner.critic.value_head.weight.fill_(float("nan"))
     checkpoint = single.save(keep_last=5)
-    trainer = RayTrainer(config(tmp_path, "trainer.workers=2"))
+    trainer = StarPOTrainer(config(tmp_path, "trainer.workers=2"))
     try:
         trainer.restore(checkpoint)
         with pytest.raises(NonFiniteTraining) as raised:

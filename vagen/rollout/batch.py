@@ -31,7 +31,7 @@ class TokenBatch:
     turn_states    [B, T] long   anchor-state id on sampled tokens: equal ids mean the same group and the same env
                                 `state_key()` at the start of the turn (any turn index); -1 without a key and elsewhere
 
-    Training tensors, [B, T] float, None until the trainer computes them (`with_training_tensors`), so that
+    Training tensors, [B, T] float, None until the trainer computes them (`Learner.score`), so that
     `select` slices them together with the dialogue they belong to:
     old_logprobs   log π_old of sampled tokens      ref_logprobs   log π_ref (None without a KL term)
     old_values     critic values (None w/o critic) advantages      per-token advantages

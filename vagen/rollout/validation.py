@@ -3,7 +3,7 @@
 Evaluation seeds
 ----------------
 Episode k is `env.reset(seed=EVAL_SEED_BASE + offset + k)`. Training draws env seeds from
-`seed * 100_000` upward (`vagen.trainer.starpo.SEED_STRIDE`), far below 1e9 for any run seed under
+`seed * 100_000` upward (`vagen.trainer.levels.SEED_STRIDE`), far below 1e9 for any run seed under
 10_000, so evaluation episodes are never training episodes, and every model meets the same levels.
 The trainer's in-run validation (`trainer.eval_every`) and `scripts/evaluate.py` use the same seeds.
 """

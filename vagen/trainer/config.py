@@ -35,8 +35,7 @@ from vagen.models.lora import require_peft
 from vagen.models.registry import MODALITIES, model_sources
 from vagen.rollout.context import DialogueFormatter
 from vagen.rollout.validation import EVAL_SEED_BASE
-from vagen.trainer.levels import LEVEL_SAMPLERS
-from vagen.trainer.loop import SEED_STRIDE
+from vagen.trainer.levels import LEVEL_SAMPLERS, SEED_STRIDE
 from vagen.trainer.memory_plan import GIB, available_memory
 
 CRITIC_ESTIMATORS = ("gae", "bilevel_gae")

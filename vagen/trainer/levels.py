@@ -24,6 +24,8 @@ import numpy as np
 
 from vagen.engines.base import derive_seed
 
+SEED_STRIDE = 100_000  # env seeds of run seed s start at s * SEED_STRIDE; evaluation uses seeds >= 1e9
+
 LEVEL_STREAM = 2  # derive_seed(run seed, iteration, stream): the loop's streams 0 and 1 are sampling and shuffling
 LEVEL_SAMPLERS = ("fresh", "plr")
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from vagen.diagnostics import REGIMES, classify_regime, echo_trap_update, mi_metrics
-from vagen.diagnostics.scoring import build_scoring_job, cross_scores, image_probe, image_probe_metrics
+from vagen.diagnostics.scoring import build_scoring_job, image_probe_metrics
 from vagen.rollout import Trajectory
 
 
@@ -28,8 +28,10 @@ class DiagnosticsMonitor:
         self.echo_state: dict[str, torch.Tensor] | None = None
         self.h_threshold: float | None = cfg.h_threshold
 
-    def mi(self, model, processor, tokenizer, trajectories: list[Trajectory], iteration: int) -> dict[str, float]:
-        """MI proxies for each scope (and the image-dependence probe) on this iteration's batch."""
+    def mi(self, learner: Any, trajectories: list[Trajectory], iteration: int) -> dict[str, float]:
+        """MI proxies for each scope (and the image-dependence probe) on this iteration's batch. The model's side, the
+        scoring, is the learner's (`cross_score`, `image_probe`; a Learner or a Ray group of them); the maths and the
+        state stay here."""
         freq = self.cfg.compute_freq
         if not freq or iteration % freq:
             return {}
@@ -37,24 +39,26 @@ class DiagnosticsMonitor:
         rng = np.random.default_rng([self.seed, iteration])
         metrics: dict[str, float] = {}
         for scope in self.cfg.scopes:
-            job = build_scoring_job(trajectories, tokenizer, scope, self.cfg.max_prompts, self.cfg.max_reasonings, rng)
+            job = build_scoring_job(
+                trajectories, learner.tokenizer, scope, self.cfg.max_prompts, self.cfg.max_reasonings, rng
+            )
             metrics[f"mi/{scope}/num_prompts"] = float(len(job.prompts))
             metrics[f"mi/{scope}/num_reasonings"] = float(len(job.reasonings))
             if len(job.prompts) < 2 or not job.reasonings:
                 continue  # e.g. no response had a <think> block yet: nothing to measure
-            scores, lengths = cross_scores(model, processor, job, micro_batch=self.cfg.micro_batch)
+            scores, lengths = learner.cross_score(job, self.cfg.micro_batch)
             values, self.ema[scope] = mi_metrics(
                 scores, lengths, job.source(), ema_state=self.ema.get(scope), prompt_ids=job.prompt_ids()
             )
             metrics.update({f"mi/{scope}/{name}": float(value) for name, value in values.items()})
             if scope == self.cfg.scopes[0] and self.cfg.image_probe:
-                metrics.update(self._image_probe(model, processor, job, scores))
+                metrics.update(self._image_probe(learner, job, scores))
         metrics.update(self._regime(metrics))
         metrics["perf/mi_s"] = time.perf_counter() - start
         return metrics
 
-    def _image_probe(self, model, processor, job, scores) -> dict[str, float]:
-        probe = image_probe(model, processor, job, micro_batch=self.cfg.micro_batch, scores=scores)
+    def _image_probe(self, learner: Any, job, scores) -> dict[str, float]:
+        probe = learner.image_probe(job, self.cfg.micro_batch, scores)
         if probe is None:
             return {}
         values, self.ema["visual"] = image_probe_metrics(probe, self.ema.get("visual"))

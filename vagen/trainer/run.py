@@ -18,8 +18,7 @@ from vagen.logging.sinks import METRICS_FILENAME
 from vagen.rollout import Trajectory
 from vagen.trainer.checkpoint import is_disk_full, latest_checkpoint, verify_checkpoint
 from vagen.trainer.lock import run_dir_lock
-from vagen.trainer.loop import IterationLoop, run_fingerprint
-from vagen.trainer.starpo import StarPOTrainer
+from vagen.trainer.starpo import StarPOTrainer, run_fingerprint
 from vagen.viz.gif import replay_episode, save_episode_gif
 
 
@@ -64,21 +63,13 @@ def check_history(cfg: DictConfig, checkpoint: Path | None) -> None:
     )
 
 
-def build_trainer(cfg: DictConfig) -> IterationLoop:
-    """The single-process trainer, or with `trainer.workers > 1` the driver of that many Ray workers."""
-    if cfg.trainer.workers == 1:
-        return StarPOTrainer(cfg)
-    from vagen.trainer.workers import RayTrainer  # Ray is imported only by runs that use it
-
-    return RayTrainer(cfg)
-
-
 def trained(cfg: DictConfig) -> StarPOTrainer:
-    """The trainer of `cfg` restored from the last complete checkpoint in its run folder."""
+    """The trainer of `cfg` restored from the last complete checkpoint in its run folder, in this process (whatever
+    `trainer.workers` the run used: any worker count's checkpoint loads into one)."""
     path = latest_checkpoint(Path(cfg.run_dir))
     if path is None:
         raise ValueError(f"No complete checkpoint in {cfg.run_dir}; train first (scripts/train.py).")
-    trainer = StarPOTrainer(cfg)
+    trainer = StarPOTrainer(OmegaConf.merge(cfg, {"trainer": {"workers": 1}}))
     trainer.restore(path)  # weights, optimizers, RNG, loop and diagnostic state
     return trainer
 
@@ -133,7 +124,7 @@ def _validation_line(iteration: int, val: dict[str, float]) -> str:
     return f"{line}, {_probe_text(val)}" if "val/move_optimal_mass" in val else line
 
 
-def _timed_validation(trainer: IterationLoop) -> dict[str, float]:
+def _timed_validation(trainer: StarPOTrainer) -> dict[str, float]:
     start = time.perf_counter()
     val = trainer.validate()
     val["perf/val_s"] = time.perf_counter() - start
@@ -167,7 +158,7 @@ def train(cfg: DictConfig) -> Path:
             check_history(cfg, checkpoint)
             if (run_dir / METRICS_FILENAME).is_file():
                 read_metrics(run_dir)  # a damaged metrics line fails here, not after the model loaded
-            trainer = build_trainer(cfg)
+            trainer = StarPOTrainer(cfg)  # with trainer.workers > 1, its learner is a Ray group
             try:
                 return _train_locked(trainer, cfg, checkpoint)
             except Exception as error:
@@ -186,7 +177,7 @@ def train(cfg: DictConfig) -> Path:
         raise
 
 
-def _train_locked(trainer: IterationLoop, cfg: DictConfig, checkpoint: Path | None) -> Path:
+def _train_locked(trainer: StarPOTrainer, cfg: DictConfig, checkpoint: Path | None) -> Path:
     run_dir = trainer.run_dir
     if checkpoint is not None:
         trainer.restore(checkpoint)

@@ -1,598 +1,240 @@
-"""The StarPO trainer (RAGEN): the model side of an iteration, whose loop is `vagen.trainer.loop.IterationLoop`.
+"""One StarPO iteration (RAGEN), driven by the loop whoever holds the model: `StarPOTrainer` holds a
+`vagen.trainer.learner.Learner` (this process) or, with `trainer.workers > 1`, a `vagen.trainer.workers.RayLearners`
+group with the same API.
 
-One iteration, in paper order:
-rollout → diagnostics hook (unfiltered batch) → group filter (whole groups) → old log-probs →
-reference log-probs → values → advantages → mini-batch PPO epochs with gradient accumulation → metrics.
-Every per-iteration random choice (sampling seed, shuffling) is derived from (seed, iteration), so
-a resumed run replays exactly what an uninterrupted one would have done. As one of N data-parallel replicas
-(`vagen.trainer.workers`) it scores and trains its share of the rows and sums the results with the others.
+rollout → diagnostics hook (unfiltered batch) → group filter (whole groups) → the learner's update on the kept
+groups (old/ref log-probs → advantages → mini-batch PPO epochs) → Echo Trap monitor → scheduler step and engine
+sync. The loop owns what must be identical for any number of workers: the iteration count, the level sampler, the
+filter, the reroll rule, the diagnostics state and the metrics. Every per-iteration random choice (sampling seed,
+shuffling) is derived from (seed, iteration), so a resumed run replays exactly what an uninterrupted one would have
+done.
 """
 
 from __future__ import annotations
 
-import copy
 import time
-import warnings
-from collections import defaultdict
-from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from vagen.algos.advantages import (
-    ADVANTAGE_ESTIMATORS,
-    AdvantageInputs,
-    AdvantageParams,
-    anchor_group_stats,
-    masked_whiten,
-)
-from vagen.algos.losses import (
-    aggregate_loss,
-    aggregation_share,
-    explained_variance,
-    kl_penalty,
-    policy_loss,
-    value_loss,
-)
-from vagen.diagnostics.move_preference import move_preferences, probe_summary
-from vagen.engines import EngineSource, build_engine
+from vagen.engines import SamplingParams
 from vagen.engines.base import derive_seed
-from vagen.env import make_env
-from vagen.models.checkpointing import enable_gradient_checkpointing, recomputing
-from vagen.models.lora import adapters_disabled, add_lora, lora_kwargs, merged_state_dict
-from vagen.models.precision import emulated_bf16_warning
-from vagen.models.registry import load_policy, load_processing
-from vagen.models.value import ValueModel
-from vagen.rollout import (
-    DialogueFormatter,
-    RolloutSpec,
-    TokenBatch,
-    Trajectory,
-    collect_rollouts,
-    trajectories_to_batch,
-)
-from vagen.rollout.move_probe import ProbeState, check_probeable, probe_states
-from vagen.rollout.validation import eval_seeds, validation_episodes, validation_metrics
-from vagen.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from vagen.trainer.config import check_prompt_fits, validate_config, warn_without_state_key
-from vagen.trainer.data_parallel import DataParallel
-from vagen.trainer.forward import batched_logprobs, critic_forward, policy_forward
-from vagen.trainer.loop import (  # noqa: F401  (re-exported)
-    SAMPLING_STREAM,
-    SEED_STRIDE,
-    SHUFFLE_STREAM,
-    IterationLoop,
-    group_returns,
-    rollout_metrics,
-)
-from vagen.trainer.memory_plan import plan_run
+from vagen.filtering import apply_empty_policy, select_groups
+from vagen.rollout import Trajectory, trajectories_to_batch
+from vagen.rollout.validation import episode_metrics, validation_metrics
+from vagen.trainer.config import validate_config
+from vagen.trainer.learner import SAMPLING_STREAM, Learner
+from vagen.trainer.levels import SEED_STRIDE, LevelSampler, PLRSettings
+from vagen.trainer.monitor import DiagnosticsMonitor
 
 
-def seed_everything(seed: int) -> None:
-    import random
-
-    import numpy as np
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-@dataclass
-class UpdateStats:
-    """Metric tensors collected over all micro-batches of one update, averaged at the end."""
-
-    values: dict[str, list[torch.Tensor]]
-
-    @classmethod
-    def empty(cls) -> UpdateStats:
-        return cls(defaultdict(list))
-
-    def add(self, prefix: str, metrics: dict[str, torch.Tensor]) -> None:
-        for name, value in metrics.items():
-            self.values[f"{prefix}/{name}"].append(torch.as_tensor(value, dtype=torch.float).detach().cpu())
-
-    def means(self) -> dict[str, float]:
-        return {name: float(torch.stack(items).nanmean()) for name, items in self.values.items()}
+def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """env/ and rollout/ metrics of a batch of trajectories (before filtering)."""
+    turns = [turn for t in trajectories for turn in t.turns]
+    count = max(len(turns), 1)
+    return {
+        **{f"env/{name}": value for name, value in episode_metrics(trajectories).items()},
+        "env/action_valid": sum(bool(turn.info.get("action_is_valid")) for turn in turns) / count,
+        "env/action_effective": sum(bool(turn.info.get("action_is_effective")) for turn in turns) / count,
+        "rollout/response_tokens": sum(len(turn.response_ids) for turn in turns) / count,
+        "rollout/length_cut": sum(turn.finish_reason == "length" for turn in turns) / count,
+        "rollout/context_budget_ends": sum(t.end_reason == "context_budget" for t in trajectories) / len(trajectories),
+        **reasoning_scores(turns),
+    }
 
 
-class StarPOTrainer(IterationLoop):
-    """Owns the policy, optional critic and reference, their optimizers, and the loop state.
+def reasoning_scores(turns) -> dict[str, float]:
+    """env/grounding_score and env/prediction_score: mean grade of the turns that were graded (the
+    grounding/worldmodeling formats on a game with `state_objects`); absent when no turn was."""
+    metrics = {}
+    for key in ("grounding_score", "prediction_score"):
+        scores = [turn.info[key] for turn in turns if turn.info.get(key) is not None]
+        if scores:
+            metrics[f"env/{key}"] = sum(scores) / len(scores)
+    return metrics
 
-    data_parallel: this replica's rank among the Ray workers of `trainer.workers > 1` (`vagen.trainer.workers`),
-    which split the update's rows and sum its gradients; the default is the single process.
-    """
 
-    def __init__(self, cfg: DictConfig, data_parallel: DataParallel | None = None) -> None:
-        validate_config(cfg)
-        super().__init__(cfg)
-        self.data_parallel = data_parallel or DataParallel()
-        model_cfg = cfg.model
-        tokenizer, image_processor = load_processing(
-            model_cfg.source, model_cfg.modality, path=model_cfg.path, size=model_cfg.size
+def group_returns(trajectories: list[Trajectory], groups: int, group_size: int) -> torch.Tensor:
+    """Total rewards as [G, N], row g = the rollouts of group g in rollout order."""
+    rewards = torch.zeros(groups, group_size)
+    filled = [0] * groups
+    for trajectory in trajectories:
+        g = trajectory.group_id
+        rewards[g, filled[g]] = trajectory.total_reward
+        filled[g] += 1
+    return rewards
+
+
+def run_fingerprint(cfg: DictConfig) -> dict[str, Any]:
+    """What a checkpoint must agree with to be resumed by `cfg` (not the worker count: any N resumes)."""
+    return {
+        "model": cfg.model.name,
+        "algorithm": cfg.algorithm.name,
+        "critic": bool(cfg.algorithm.critic),
+        "lora": bool(cfg.trainer.lora.enabled),
+        "env": cfg.env.name,
+        "env_kwargs": OmegaConf.to_container(cfg.env.kwargs, resolve=True),  # the task itself
+        "seed": int(cfg.seed),  # the RNG and level cursor restored belong to it
+    }
+
+
+def build_learner(cfg: DictConfig) -> Any:
+    """This process's `Learner`, or with `trainer.workers > 1` a Ray group of that many (the same API)."""
+    if cfg.trainer.workers == 1:
+        return Learner(cfg)
+    from vagen.trainer.workers import RayLearners  # Ray is imported only by runs that use it
+
+    return RayLearners(cfg)
+
+
+class StarPOTrainer:
+    """The iteration loop and its state; the model side is `self.learner` (a `Learner`, or Ray replicas of one)."""
+
+    def __init__(self, cfg: DictConfig, learner: Any = None) -> None:
+        validate_config(cfg)  # before any model loads
+        self.cfg = cfg
+        self.iteration = 0
+        trainer = cfg.trainer
+        plr = PLRSettings(**OmegaConf.to_container(trainer.plr, resolve=True))
+        self.levels = LevelSampler(trainer.level_sampler, cfg.seed, cfg.seed * SEED_STRIDE, trainer.level_pool, plr)
+        self.monitor = DiagnosticsMonitor(cfg.diagnostics, cfg.seed)
+        self.last_trajectories: list[Trajectory] = []
+        self.initial_val: dict[str, float] = {}  # val/ metrics before training (for the held-out line)
+        self.learner = learner if learner is not None else build_learner(cfg)
+
+    # ---- one iteration -------------------------------------------------------------------
+    def sampling(self) -> SamplingParams:
+        rollout = self.cfg.rollout
+        return SamplingParams(
+            max_new_tokens=rollout.max_new_tokens,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            seed=derive_seed(self.cfg.seed, self.iteration, SAMPLING_STREAM),
         )
-        self.prompt_tokens = check_prompt_fits(cfg, tokenizer, image_processor)
-        warn_without_state_key(cfg)
-        seed_everything(cfg.seed)
-        device = "cuda" if cfg.device == "auto" and torch.cuda.is_available() else cfg.device
-        device = "cpu" if device == "auto" else device
-        emulated = cfg.trainer.bf16 and emulated_bf16_warning("trainer.bf16", device)
-        if emulated:
-            warnings.warn(emulated, stacklevel=2)
-        # Before minutes of loading end in an out-of-memory error: refuse a run that cannot fit, or lower its
-        # micro-batch size where that alone makes it fit.
-        self.memory_plan = plan_run(cfg, self.prompt_tokens, device) if cfg.trainer.memory_check else None
-        self.micro_batch_size = int(cfg.trainer.micro_batch_size)  # a runtime value: the user's config is never written
-        if self.memory_plan is not None and self.memory_plan.micro_batch_size < cfg.trainer.micro_batch_size:
-            warnings.warn(
-                f"trainer.micro_batch_size={cfg.trainer.micro_batch_size} does not fit in memory; using "
-                f"{self.memory_plan.micro_batch_size}, the largest that does by the memory plan "
-                f"({self.memory_plan.describe()}): the same gradient, accumulated over more passes.",
-                stacklevel=2,
-            )
-            self.micro_batch_size = self.memory_plan.micro_batch_size
-        self.policy = load_policy(
-            model_cfg.name,
-            model_cfg.source,
-            model_cfg.modality,
-            path=model_cfg.path,
-            size=model_cfg.size,
-            dtype=model_cfg.dtype,
-            device=device,
-        )
-        self.model = self.policy.model
-        self.vision_parameters = [p for name, p in self.model.named_parameters() if ".visual." in f".{name}"]
-        if cfg.trainer.freeze_vision:
-            for parameter in self.vision_parameters:
-                parameter.requires_grad_(False)
-        if cfg.trainer.lora.enabled:
-            add_lora(self.model, **lora_kwargs(cfg.trainer.lora))
-        self.formatter = DialogueFormatter(self.policy.tokenizer, self.policy.image_processor)
-        self.engine = build_engine(
-            cfg.rollout.engine,
-            EngineSource(model=self.model, processor=self.policy.processor, model_path=self.policy.folder),
-            **cfg.rollout.engine_kwargs,
-        )
-        self.critic = ValueModel(self.model).to(device) if cfg.algorithm.critic else None
-        if cfg.trainer.gradient_checkpointing:
-            for module in self.modules.values():
-                enable_gradient_checkpointing(module)
-        # The KL reference is the initial policy. Under LoRA the base weights never train, so it is the policy itself
-        # with its adapters switched off (`reference_scope`): no second copy of the weights.
-        self.reference = None
-        if cfg.algorithm.kl_coef > 0:
-            if cfg.trainer.lora.enabled:
-                self.reference = self.model
-            else:
-                self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.optimizers, self.schedulers = self._optimizers()
-        self.probe_states: list[ProbeState] | None = None  # the first-move probe's held-out starts, built once
-
-    # ---- construction --------------------------------------------------------------------
-    def _optimizers(self) -> tuple[dict, dict]:
-        trainer = self.cfg.trainer
-        warmup = max(trainer.warmup_iterations, 0)
-        ramp = lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
-        optimizers = {
-            "policy": torch.optim.AdamW(
-                self.trainable_parameters(),
-                lr=trainer.lr,
-                eps=trainer.adam_eps,
-                weight_decay=trainer.weight_decay,
-            )
-        }
-        if self.critic is not None:
-            optimizers["critic"] = torch.optim.AdamW(
-                self.critic.parameters(), lr=trainer.critic_lr, weight_decay=trainer.weight_decay
-            )
-        schedulers = {name: torch.optim.lr_scheduler.LambdaLR(opt, ramp) for name, opt in optimizers.items()}
-        return optimizers, schedulers
-
-    def reference_scope(self) -> Any:
-        """Where `self.reference` computes the reference policy: adapters off when it is the LoRA policy itself."""
-        return adapters_disabled(self.model) if self.reference is self.model else nullcontext()
-
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.model.parameters() if p.requires_grad]
 
     @property
-    def modules(self) -> dict[str, torch.nn.Module]:
-        modules = {"policy": self.model}
-        if self.critic is not None:
-            modules["critic"] = self.critic
-        return modules
+    def seed_cursor(self) -> int:
+        """The next new training level."""
+        return self.levels.cursor
 
-    # ---- one iteration (the loop is `IterationLoop.train_iteration`) --------------------------
-    def collect(self, group_seeds: list[int], first_group_id: int = 0) -> list[Trajectory]:
-        """`group_size` rollouts of each group seed; group ids count from `first_group_id` (a worker's share)."""
-        trainer, env_cfg = self.cfg.trainer, self.cfg.env
-        spec = RolloutSpec(
-            group_seeds=group_seeds,
-            group_size=trainer.group_size,
-            max_context_tokens=self.cfg.rollout.max_context_tokens,
-            env_name=env_cfg.name,
-            first_group_id=first_group_id,
-        )
-        make = lambda: make_env(env_cfg.id, **env_cfg.kwargs)
-        return collect_rollouts(make, self.engine, self.formatter, spec, self.sampling())
+    def rollout(self) -> list[Trajectory]:
+        """P groups × N rollouts of the P levels the level sampler picks (`trainer.level_sampler`), then the sampler
+        learns each level's reward spread (population std of its group's returns)."""
+        trainer = self.cfg.trainer
+        seeds = self.levels.next_seeds(trainer.groups, self.iteration)
+        trajectories = self.learner.collect(seeds, self.sampling())
+        spread = group_returns(trajectories, trainer.groups, trainer.group_size).std(dim=1, unbiased=False)
+        self.levels.update(seeds, spread.tolist(), self.iteration)
+        return trajectories
+
+    def filter_hook(self, trajectories: list[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
+        """Keep or drop whole groups by reward spread, before any group statistic is computed."""
+        trainer, filt = self.cfg.trainer, self.cfg.filter
+        rewards = group_returns(trajectories, trainer.groups, trainer.group_size)
+        selected, metrics = select_groups(rewards, strategy=filt.strategy, value=filt.value, stat=filt.stat)
+        kept = apply_empty_policy(selected, trainer.groups, filt.empty_policy)
+        out = {f"filter/{name}": float(value) for name, value in metrics.items()}
+        # keep_all overrides an empty selection: report what actually enters the update.
+        out["filter/empty_policy_applied"] = float(len(kept) != len(selected))
+        out["filter/kept_count"], out["filter/kept_ratio"] = float(len(kept)), len(kept) / trainer.groups
+        keep = set(kept.tolist())
+        return [t for t in trajectories if t.group_id in keep], out
+
+    def sample_batch(self) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
+        """Rollout → group filter → reroll while nothing is kept (filter.empty_policy=reroll).
+
+        Returns the rollout trained from (the last one), its kept trajectories, and metrics that all describe
+        that rollout (env/, rollout/, filter/); `perf/rollout_s` counts the time of every attempt.
+        """
+        filt, rerolls, rollout_s = self.cfg.filter, 0, 0.0
+        while True:
+            start = time.perf_counter()
+            trajectories = self.rollout()
+            rollout_s += time.perf_counter() - start
+            kept, filter_metrics = self.filter_hook(trajectories)
+            if kept or filt.empty_policy != "reroll" or rerolls >= filt.max_rerolls:
+                break
+            rerolls += 1
+        metrics = {**rollout_metrics(trajectories), **filter_metrics, "filter/rerolls": float(rerolls)}
+        metrics.update(self.levels.metrics())
+        metrics["filter/skipped_update"], metrics["perf/rollout_s"] = float(not kept), rollout_s
+        return trajectories, kept, metrics
+
+    def train_iteration(self, around: Callable[[str], AbstractContextManager] | None = None) -> dict[str, float]:
+        """One StarPO iteration; returns its metrics (namespace/name → float).
+
+        around: a hook for measurements (`scripts/bench_iteration.py` counts FLOPs with it): each phase, "rollout"
+        (with its filter and rerolls), "diagnostics", "update" and "sync", runs inside the context `around(phase)`.
+        """
+        phase = around or (lambda name: nullcontext())
+        start = time.perf_counter()
+        with phase("rollout"):
+            trajectories, kept, metrics = self.sample_batch()
+        self.last_trajectories = trajectories
+        with phase("diagnostics"):
+            metrics.update(self.monitor.mi(self.learner, trajectories, self.iteration))
+        trainer = self.cfg.trainer
+        group_std = group_returns(trajectories, trainer.groups, trainer.group_size).std(dim=1, unbiased=False)
+        update_start = time.perf_counter()
+        metrics["optim/lr"] = self.learner.learning_rate()
+        with phase("update"):
+            if kept:
+                batch = trajectories_to_batch(kept, pad_token_id=self.learner.tokenizer.pad_token_id or 0)
+                metrics.update(self.learner.update(batch, self.iteration).means())
+        metrics.update(self.monitor.echo(float(group_std.mean()), metrics))
+        with phase("sync"):
+            self.learner.sync()
+        self.iteration += 1
+        metrics["perf/update_s"] = time.perf_counter() - update_start
+        metrics["perf/iteration_s"] = time.perf_counter() - start
+        return metrics
 
     def validate(self) -> dict[str, float]:
-        """`val/` metrics: the current policy on `trainer.eval_episodes` fixed held-out seeds (deterministic)."""
-        return validation_metrics(self.validation_episodes(range(self.cfg.trainer.eval_episodes))) | self.move_probe()
+        """`val/` metrics: the current policy on `trainer.eval_episodes` fixed held-out seeds (deterministic), with
+        the first-move probe."""
+        episodes = self.learner.play_held_out(range(self.cfg.trainer.eval_episodes))
+        return validation_metrics(episodes) | self.learner.move_probe()
 
-    def move_probe(self) -> dict[str, float]:
-        """`val/move_*`: the first-move probe on the held-out starts of the validation seeds (`trainer.eval_move_probe`;
-        nothing for a game without a solver or demonstration reasoning)."""
-        if not self.cfg.trainer.eval_move_probe:
-            return {}
-        if self.probe_states is None:
-            make = lambda: make_env(self.cfg.env.id, **self.cfg.env.kwargs)
-            try:
-                check_probeable(make())
-            except ValueError:
-                self.probe_states = []
-            else:
-                self.probe_states = probe_states(make, self.formatter, eval_seeds(self.cfg.trainer.eval_episodes))
-        if not self.probe_states:
-            return {}
-        preferences = move_preferences(self.model, self.policy.processor, self.probe_states)
-        summary = probe_summary(preferences, np.array([state.optimal for state in self.probe_states]))
-        return {f"val/move_{name}": value for name, value in summary.items()}
-
-    def validation_episodes(self, episodes: range) -> list[Trajectory]:
-        """Play held-out episodes `episodes` (all of them, or a worker's share) with the evaluator's sampling."""
-        trainer, env_cfg = self.cfg.trainer, self.cfg.env
-        return validation_episodes(
-            lambda: make_env(env_cfg.id, **env_cfg.kwargs),
-            self.engine,
-            self.formatter,
-            episodes=episodes,
-            temperature=trainer.eval_temperature,
-            max_new_tokens=self.cfg.rollout.max_new_tokens,
-            max_context_tokens=self.cfg.rollout.max_context_tokens,
-            env_name=env_cfg.name,
-        )
-
-    def diagnostics_hook(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        """MI proxies on the unfiltered batch, every `diagnostics.compute_freq` iterations."""
-        return self.monitor.mi(self.model, self.policy.processor, self.policy.tokenizer, trajectories, self.iteration)
-
-    def learning_rate(self) -> float:
-        return self.optimizers["policy"].param_groups[0]["lr"]
-
-    def train_on(self, kept: list[Trajectory]) -> dict[str, float]:
-        return self.train_stats(kept).means()
-
-    def train_stats(self, kept: list[Trajectory]) -> UpdateStats:
-        """The update on the kept trajectories; its statistics (a worker's, to be merged), `update_norm` included."""
-        batch = trajectories_to_batch(kept, pad_token_id=self.policy.tokenizer.pad_token_id or 0)
-        release = getattr(self.engine, "release_memory", None)  # a colocated vLLM frees its GPU memory meanwhile
-        if release is not None:
-            release()
-        # A snapshot on the weights' own device: a host copy of a 3B model and the norm over it in host float32 took
-        # 14 s of a 20 s update on an H100 (scripts/bench_gpu.py); the memory plan counts it ("snapshot").
-        before = [p.detach().clone() for p in self.trainable_parameters()]
-        stats = self.update_stats(batch)
-        stats.add("policy", {"update_norm": relative_change(before, self.trainable_parameters())})
-        return stats
-
-    def finish_iteration(self) -> None:
-        for scheduler in self.schedulers.values():
-            scheduler.step()
-        self.sync_engine()
-
-    # ---- the update ----------------------------------------------------------------------
-    def with_training_tensors(self, batch: TokenBatch, fresh: torch.Tensor | None = None) -> TokenBatch:
-        """The batch with its old log-probs, reference log-probs, old values, advantages and value targets.
-
-        fresh: [B] bool, rows whose old log-probs the first mini-batch's own forward will provide (they are left 0
-        here and filled in by `update`), which saves their separate no-grad forward pass.
-        """
-        algo = self.cfg.algorithm
-        processor = self.policy.processor
-        temperature = self.cfg.rollout.temperature
-        # Same function, precision (autocast) and mode (no dropout) as the update's forward passes, so the
-        # PPO ratio of the first on-policy step is exactly 1.
-        # Data-parallel replicas score their share of the rows and sum (zeros elsewhere): every replica then
-        # holds the whole batch's tensors, and the advantages are computed identically everywhere.
-        parallel = self.data_parallel
-        mine = parallel.share(torch.arange(len(batch)))
-        with self._autocast():
-            old_logprobs = torch.zeros(batch.input_ids.shape)
-            stale = mine if fresh is None else mine[~fresh[mine]]
-            if len(stale):
-                scored = batched_logprobs(
-                    self.model, batch.select(stale), processor, self.micro_batch_size, temperature
-                )
-                old_logprobs[stale, : scored.shape[1]] = scored
-            parallel.sum_(old_logprobs)
-            ref_logprobs = None
-            if self.reference is not None:
-                ref_logprobs = torch.zeros(batch.input_ids.shape)
-                if len(mine):
-                    with self.reference_scope():
-                        scored = batched_logprobs(
-                            self.reference, batch.select(mine), processor, self.micro_batch_size, temperature
-                        )
-                    ref_logprobs[mine, : scored.shape[1]] = scored
-                parallel.sum_(ref_logprobs)
-            old_values = None
-            if self.critic is not None:
-                old_values = torch.zeros(batch.input_ids.shape)
-                with torch.no_grad():
-                    for rows in batch.micro_batches(mine, self.micro_batch_size):
-                        values = critic_forward(self.critic, batch.select(rows), processor).float().cpu()
-                        old_values[rows, : values.shape[1]] = values
-                parallel.sum_(old_values)
-        inputs = AdvantageInputs(
-            token_rewards=batch.token_rewards,
-            response_mask=batch.response_mask,
-            values=old_values,
-            group_index=batch.group_index,
-            turn_ids=batch.turn_ids,
-            turn_states=batch.turn_states,
-        )
-        params = AdvantageParams(
-            gamma=algo.gamma,
-            lam=algo.lam,
-            gamma_turn=algo.gamma_turn,
-            lam_turn=algo.lam_turn,
-            step_weight=algo.step_weight,
-            normalize_std=algo.normalize_std,
-        )
-        advantages, returns = ADVANTAGE_ESTIMATORS.get(algo.advantage)(inputs, params)
-        if algo.whiten_advantages:
-            advantages = masked_whiten(advantages, batch.response_mask)
-        if algo.advantage_min is not None:
-            # Self-imitation (advantage_min=0): a small policy loses far more log-prob on pushed-down texts than it
-            # gains on pushed-up ones; with negatives dropped the update is a weighted SFT on its better-than-baseline
-            # rollouts (for a group-relative estimator, those above their group's mean).
-            advantages = advantages.clamp(min=algo.advantage_min)
-        value_targets = returns if old_values is not None else None
-        return replace(
-            batch,
-            old_logprobs=old_logprobs,
-            ref_logprobs=ref_logprobs,
-            old_values=old_values,
-            advantages=advantages,
-            value_targets=value_targets,
-        )
-
-    def update(self, batch: TokenBatch) -> dict[str, float]:
-        return self.update_stats(batch).means()
-
-    def update_stats(self, batch: TokenBatch) -> UpdateStats:
-        trainer = self.cfg.trainer
-        shuffle = torch.Generator().manual_seed(derive_seed(self.cfg.seed, self.iteration, SHUFFLE_STREAM))
-        first_order = torch.randperm(len(batch), generator=shuffle)
-        # The first mini-batch is trained on before any weight changes: its old log-probs are exactly the new ones of
-        # its own forward (detached), so their separate no-grad pass is skipped (`trainer.reuse_first_forward`).
-        # Data-parallel replicas score every row up front instead: a replica only sees the forwards of its own rows.
-        fresh = torch.zeros(len(batch), dtype=torch.bool)
-        if trainer.reuse_first_forward and self.data_parallel.world == 1:
-            fresh[first_order[: trainer.mini_batch_size]] = True
-        stats = UpdateStats.empty()
-        scoring_start = time.perf_counter()
-        batch = self.with_training_tensors(batch, fresh)
-        if next(self.model.parameters()).is_cuda:
-            torch.cuda.synchronize()
-        stats.add("perf", {"logprobs_s": time.perf_counter() - scoring_start})  # old/ref log-probs, values, advantages
-        mask = batch.response_mask
-        stats.add("rollout", {"advantage_abs_mean": (batch.advantages.abs() * mask).sum() / mask.sum().clamp(min=1)})
-        if self.cfg.algorithm.advantage == "gigpo":
-            stats.add("rollout", anchor_group_stats(batch.turn_states, batch.turn_ids, mask))
-        if batch.old_values is not None:
-            # Once per iteration, over the whole batch, from the values the advantages were built with (not from
-            # per-micro-batch values that are being updated, averaged).
-            ev = explained_variance(batch.old_values, batch.value_targets, mask)
-            stats.add("critic", {"explained_variance": ev})
-        # The policy and critic stay in eval mode while they learn: with dropout on, the new log-probs would
-        # come from a different function than the old ones and the first step's ratio would not be 1.
-        self.model.eval()
-        if self.critic is not None:
-            self.critic.eval()
-        with recomputing(*self.modules.values()):  # a no-op unless trainer.gradient_checkpointing
-            for epoch in range(trainer.ppo_epochs):
-                order = first_order if epoch == 0 else torch.randperm(len(batch), generator=shuffle)
-                for mini in _chunks(order, trainer.mini_batch_size):
-                    self._train_mini_batch(batch, mini, fresh, stats)
-        # Engines report the log-probs of the distribution they sampled from, the trainer scores softmax(logits/T):
-        # any gap is rollout/training mismatch (precision, kernels, inputs, and top-p / top-k truncation if on).
-        gap = (batch.rollout_logprobs - batch.old_logprobs).abs() * mask
-        stats.add("rollout", {"logprob_gap_mean": gap.sum() / mask.sum().clamp(min=1), "logprob_gap_max": gap.max()})
-        return stats
-
-    def _train_mini_batch(self, batch: TokenBatch, mini: torch.Tensor, fresh: torch.Tensor, stats: UpdateStats) -> None:
-        """One optimizer step on the rows `mini`, accumulated over micro-batches (of this replica's share of them)."""
-        self._accumulate_gradients(batch, mini, fresh, stats)
-        self._optimizer_step(stats)
-
-    def policy_gradient(self, batch: TokenBatch, rows: torch.Tensor) -> list[torch.Tensor]:
-        """The policy gradient an update on `rows` alone would step along (before clipping), one tensor per trainable
-        parameter, from a batch with its training tensors (`with_training_tensors`). The weights do not change."""
-        self.model.eval()  # as in the update: the same function as the old log-probs
-        self._accumulate_gradients(batch, rows, torch.zeros(len(batch), dtype=torch.bool), UpdateStats.empty())
-        gradient = [
-            p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in self.trainable_parameters()
-        ]
-        for optimizer in self.optimizers.values():
-            optimizer.zero_grad(set_to_none=True)
-        return gradient
-
-    def _accumulate_gradients(
-        self, batch: TokenBatch, mini: torch.Tensor, fresh: torch.Tensor, stats: UpdateStats
-    ) -> None:
-        """The gradient of the loss on the rows `mini`, accumulated over micro-batches into the parameters' `.grad`."""
-        for optimizer in self.optimizers.values():
-            optimizer.zero_grad(set_to_none=True)
-        whole_mask = batch.response_mask[mini]
-        for micro in batch.micro_batches(self.data_parallel.share(mini), self.micro_batch_size):
-            mb = batch.select(micro)
-            logprobs = self._micro_step(mb, whole_mask, stats, fresh[micro])
-            if bool(fresh[micro].any()):  # keep them: later epochs and the gap metric read old log-probs
-                rows = micro[fresh[micro]]
-                kept = logprobs[fresh[micro].to(logprobs.device)].float().cpu()
-                batch.old_logprobs[rows, : logprobs.shape[1]] = kept
-        fresh[:] = False
-
-    def _micro_step(
-        self, mb: TokenBatch, whole_mask: torch.Tensor, stats: UpdateStats, fresh: torch.Tensor
-    ) -> torch.Tensor:
-        """Forward/backward of one micro-batch, its losses weighted by its share of the mini-batch
-        (`aggregation_share`), so the accumulated gradient equals the whole mini-batch's. Rows marked `fresh` take
-        their old log-probs from this very forward (detached). Returns the log-probs [b, t], detached."""
-        algo = self.cfg.algorithm
-        device = next(self.model.parameters()).device
-        mask = mb.response_mask.to(device)
-        norm_length = self.cfg.rollout.max_new_tokens * self.cfg.env.kwargs.get("max_turns", 1)
-        with self._autocast():
-            logprobs, entropy = policy_forward(
-                self.model, mb, self.policy.processor, with_entropy=True, temperature=self.cfg.rollout.temperature
-            )
-        old_logprobs = torch.where(fresh.to(device)[:, None], logprobs.detach(), mb.old_logprobs.to(device))
-        pg_loss, pg_metrics = policy_loss(
-            logprobs,
-            old_logprobs,
-            mb.advantages.to(device),
-            mask,
-            clip_low=algo.clip_low,
-            clip_high=algo.clip_high,
-            dual_clip_c=algo.dual_clip_c,
-            agg_mode=algo.loss_agg,
-            norm_length=norm_length,
-        )
-        entropy_mean = aggregate_loss(entropy, mask, "token-mean")
-        loss = pg_loss - algo.entropy_coef * aggregate_loss(entropy, mask, algo.loss_agg, norm_length=norm_length)
-        if mb.ref_logprobs is not None:
-            # Aggregated like the policy loss, so one share weights every term of the loss exactly.
-            kl_mat = kl_penalty(logprobs, mb.ref_logprobs.to(device), algo.kl_kind)
-            loss = loss + algo.kl_coef * aggregate_loss(kl_mat, mask, algo.loss_agg, norm_length=norm_length)
-            stats.add("loss", {"kl": aggregate_loss(kl_mat.detach(), mask, "token-mean")})
-        (loss * aggregation_share(mb.response_mask, whole_mask, algo.loss_agg)).backward()
-        stats.add("loss", {"policy": pg_loss, "total": loss})
-        stats.add("policy", {**pg_metrics, "entropy": entropy_mean})
-        if self.critic is not None:
-            with self._autocast():
-                values = critic_forward(self.critic, mb, self.policy.processor)
-            v_loss, v_metrics = value_loss(
-                values,
-                mb.old_values.to(device),
-                mb.value_targets.to(device),
-                mask,
-                clip=algo.value_clip,
-                agg_mode="token-mean",
-            )
-            (v_loss * aggregation_share(mb.response_mask, whole_mask, "token-mean")).backward()
-            stats.add("loss", {"value": v_loss})
-            v_metrics.pop("explained_variance")  # logged once per iteration in `update`
-            stats.add("critic", v_metrics)
-        return logprobs.detach()
-
-    def _optimizer_step(self, stats: UpdateStats) -> None:
-        """Sum the replicas' gradients, clip them, and step every optimizer; a non-finite loss or gradient norm stops
-        the run first (`check_finite_update`), before any weight changes."""
-        max_norm = self.cfg.trainer.max_grad_norm
-        norms = {}
-        for name, optimizer in self.optimizers.items():
-            params = [p for group in optimizer.param_groups for p in group["params"]]
-            self.data_parallel.sum_gradients(params)  # each replica's shares add up to the whole mini-batch
-            if name == "policy" and any(p.grad is not None for p in self.vision_parameters):
-                # Is the vision tower learning under RL? Its share of the (pre-clipping) gradient says.
-                vision_grads = [p.grad for p in self.vision_parameters if p.grad is not None]
-                stats.add("policy", {"grad_norm_vision": torch.nn.utils.get_total_norm(vision_grads)})
-            norms[name] = torch.nn.utils.clip_grad_norm_(params, max_norm)  # the norm before clipping
-            stats.add("policy" if name == "policy" else "critic", {"grad_norm": norms[name]})
-        self.check_finite_update(stats, norms)
-        for optimizer in self.optimizers.values():
-            optimizer.step()
-
-    def check_finite_update(self, stats: UpdateStats, norms: dict[str, torch.Tensor]) -> None:
-        """Raise `NonFiniteTraining` when this update's losses (so far, on this replica) or its summed gradient norms
-        are inf or NaN: an AdamW step would write them into every weight, and the next checkpoint would keep them.
-        Replicas decide together on the sum of their flags, so all raise or none does (no replica is left waiting in
-        the next collective)."""
-        losses = [value for key in ("loss/total", "loss/value") for value in stats.values.get(key, [])]
-        flags = [float(not bool(torch.stack(losses).isfinite().all())) if losses else 0.0]
-        flags += [float(not bool(torch.isfinite(norm))) for norm in norms.values()]
-        bad = self.data_parallel.sum_(torch.tensor(flags))
-        if not bool(bad.any()):
-            return
-        found = [f"{name} gradient norm {float(norm)}" for name, norm in norms.items() if not torch.isfinite(norm)]
-        if bad[0]:
-            found.insert(0, "a loss of inf or NaN")
-        last = latest_checkpoint(self.run_dir)
-        kept = f"the last complete checkpoint {last} is intact" if last else "no checkpoint had been written yet"
-        raise NonFiniteTraining(
-            f"Training became non-finite at iteration {self.iteration + 1}: {', '.join(found)}. The update was not "
-            f"applied and nothing was written from it; {kept}. Lower trainer.lr, check env={self.cfg.env.name}'s "
-            "rewards for inf/NaN, then rerun to resume from that checkpoint."
-        )
-
-    def _autocast(self) -> Any:
-        device_type = next(self.model.parameters()).device.type
-        return torch.autocast(device_type, dtype=torch.bfloat16, enabled=bool(self.cfg.trainer.bf16))
-
-    def sync_engine(self) -> None:
-        """Make the rollout engine sample from the policy's current weights (a no-op for the shared hf engine)."""
-        if self.cfg.trainer.lora.enabled and self.cfg.rollout.engine != "hf":
-            # An engine with its own copy of the base model knows no peft names: send W + scale·B·A instead.
-            self.engine.update_weights(merged_state_dict(self.model))
-        else:
-            self.engine.update_weights(self.model.state_dict())
-
-    def close(self) -> None:
-        """Release the rollout engine's resources (vLLM's memory and worker processes)."""
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
-
-    # ---- checkpoints ----------------------------------------------------------------------
+    # ---- checkpoints -----------------------------------------------------------------------
     def save(self, keep_last: int) -> Path:
-        """A complete checkpoint of this iteration in `run_dir/checkpoints` (`vagen.trainer.checkpoint`)."""
-        return save_checkpoint(
-            self.run_dir,
-            self.iteration,
-            modules=self.modules,
-            optimizers=self.optimizers,
-            schedulers=self.schedulers,
-            state=self.state(),
-            keep_last=keep_last,
-            fingerprint=self.fingerprint(),
-        )
+        """A complete checkpoint of this iteration: the learner's weights and optimizers with the loop's state."""
+        return self.learner.save(self.run_dir, self.iteration, self.state(), keep_last, self.fingerprint())
 
     def restore(self, path: Path) -> dict[str, Any]:
-        """Load a checkpoint (weights, optimizers, RNG, loop and diagnostic state); returns its loop state."""
-        state = load_checkpoint(
-            path,
-            modules=self.modules,
-            optimizers=self.optimizers,
-            schedulers=self.schedulers,
-            fingerprint=self.fingerprint(),
-        )
+        """Load a checkpoint written by any worker count (weights, optimizers, RNG, loop and diagnostic state)."""
+        state = self.learner.restore(Path(path), self.fingerprint())
         self.load_state(state)
-        # An engine with its own copy of the weights (vLLM) still holds the initial ones: sync it before the first
-        # rollout, or the first resumed iteration would sample from the untrained policy.
-        self.sync_engine()
         return state
 
+    def close(self) -> None:
+        """Release the engines (and the Ray workers)."""
+        self.learner.close()
 
-class NonFiniteTraining(ValueError):
-    """A loss or gradient became inf or NaN; raised before the optimizer step that would write it into the weights."""
+    def state(self) -> dict[str, Any]:
+        return {
+            "iteration": self.iteration,
+            "seed_cursor": self.levels.cursor,
+            "levels": self.levels.state_dict(),
+            "diagnostics": self.monitor.state_dict(),
+            "initial_val": self.initial_val,
+        }
 
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.iteration = int(state["iteration"])
+        self.levels.load_state_dict(state.get("levels", {"cursor": state["seed_cursor"]}))
+        self.initial_val = dict(state.get("initial_val", {}))
+        self.monitor.load_state_dict(state.get("diagnostics", {}))
 
-def relative_change(before: list[torch.Tensor], after: list[torch.Tensor]) -> float:
-    """‖θ_after − θ_before‖ / ‖θ_before‖ over all given tensors: how far one update moved the weights. Summed in
-    float32 on the tensors' device, one host sync at the end."""
-    if not before:
-        return 0.0
-    moved = torch.stack([(a.detach().float() - b.float()).pow(2).sum() for a, b in zip(after, before, strict=True)])
-    size = torch.stack([b.float().pow(2).sum() for b in before])
-    return float((moved.sum() / size.sum().clamp(min=1e-30)).sqrt())
+    def fingerprint(self) -> dict[str, Any]:
+        return run_fingerprint(self.cfg)
 
+    def config_dict(self) -> dict[str, Any]:
+        return OmegaConf.to_container(self.cfg, resolve=True)
 
-def _chunks(indices: torch.Tensor, size: int) -> list[torch.Tensor]:
-    return [indices[i : i + size] for i in range(0, len(indices), size)]
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.run_dir)

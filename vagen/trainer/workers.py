@@ -1,18 +1,20 @@
 """Scale-out on Ray: `trainer.workers=N` trains with N Ray actors, each a replica of the trainer on its own device.
 
 What runs where
-- The driver (`RayTrainer`, the `scripts/train.py` process) holds no model. It owns the loop state of
-  `IterationLoop`: env seeds, the group filter, rerolls, the diagnostics and Echo Trap state, metrics, logging.
-- Each worker (`TrainerWorker`, a Ray actor in one bundle of a placement group: 1 GPU each on GPUs, an equal
-  share of the CPU threads on CPU) builds a full `StarPOTrainer`: policy, critic and reference where the
-  algorithm has them, optimizers, its own rollout engine (hf, or vLLM on its GPU).
+- The driver (the `scripts/train.py` process) holds no model. Its `StarPOTrainer` loop holds a `RayLearners`, which
+  has the `Learner` API; the loop keeps its state (iteration, levels, filter, rerolls, the diagnostics and Echo Trap
+  state, metrics, logging) and passes the iteration wherever a seed depends on it.
+- Each worker (`LearnerWorker`, a Ray actor in one bundle of a placement group: 1 GPU each on GPUs, an equal
+  share of the CPU threads on CPU) builds a full `Learner`: policy, critic and reference where the algorithm has
+  them, optimizers, its own rollout engine (hf, or vLLM on its GPU).
 - Rollouts: the P groups are split into contiguous shares, a group never split. Every context is seeded by
   (run seed, iteration, group, env seed, rollout, turn) (`vagen.rollout.loop`), so the trajectories are the same
   for any N. The driver gathers them, filters over all groups, and sends the kept ones to every worker.
 - Update: data parallel over torch.distributed (gloo on CPU, nccl on GPU) between the actors; see
   `vagen.trainer.data_parallel` for the split and why it is not the DDP wrapper. Replicas stay identical.
-- Worker 0 computes the MI diagnostics and writes checkpoints, in the single-process format, so any N resumes
-  any other N's checkpoint. Validation episodes are split like the groups.
+- Worker 0 scores the MI diagnostics' jobs (the maths and state stay on the driver) and writes checkpoints, in the
+  single-process format with the loop state the driver passes, so any N resumes any other N's checkpoint.
+  Validation episodes are split like the groups.
 - A worker that dies ends the run with `WorkerLost`, naming it and the last complete checkpoint.
 """
 
@@ -27,14 +29,13 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from vagen.rollout import Trajectory
-from vagen.rollout.validation import validation_metrics
+from vagen.diagnostics.scoring import ScoringJob
+from vagen.engines import SamplingParams
+from vagen.models.registry import load_processing
+from vagen.rollout import TokenBatch, Trajectory
 from vagen.trainer.checkpoint import latest_checkpoint
-from vagen.trainer.config import validate_config
 from vagen.trainer.data_parallel import DataParallel
-from vagen.trainer.loop import IterationLoop
-from vagen.trainer.monitor import DiagnosticsMonitor
-from vagen.trainer.starpo import StarPOTrainer, UpdateStats
+from vagen.trainer.learner import Learner, UpdateStats
 
 PROCESS_GROUP_TIMEOUT = timedelta(minutes=30)  # a collective waits this long for a slow replica before failing
 PLACEMENT_TIMEOUT_S = 120.0
@@ -55,13 +56,13 @@ def contiguous_shares(count: int, parts: int) -> list[range]:
     return shares
 
 
-class TrainerWorker:
-    """One replica: a `StarPOTrainer` with rank `rank` of `world`, driven by `RayTrainer` (run as a Ray actor)."""
+class LearnerWorker:
+    """One replica: a `Learner` with rank `rank` of `world` (run as a Ray actor); `call` runs one of its methods."""
 
     def __init__(self, cfg: dict[str, Any], rank: int, world: int, threads: int) -> None:
         torch.set_num_threads(threads)
         self.cfg, self.rank, self.world = OmegaConf.create(cfg), rank, world
-        self.trainer: StarPOTrainer | None = None
+        self.learner: Learner | None = None
 
     def rendezvous(self) -> tuple[str, int]:
         """This node's address and a free port, where the other replicas find rank 0 (`torch.distributed`)."""
@@ -72,7 +73,7 @@ class TrainerWorker:
             return ray.util.get_node_ip_address(), probe.getsockname()[1]
 
     def start(self, address: str, port: int, backend: str) -> int:
-        """Join the process group, then build the trainer; returns this process's id."""
+        """Join the process group, then build the learner; returns this process's id."""
         torch.distributed.init_process_group(
             backend,
             init_method=f"tcp://{address}:{port}",
@@ -80,44 +81,16 @@ class TrainerWorker:
             world_size=self.world,
             timeout=PROCESS_GROUP_TIMEOUT,
         )
-        self.trainer = StarPOTrainer(self.cfg, DataParallel(self.rank, self.world))
+        self.learner = Learner(self.cfg, DataParallel(self.rank, self.world))
         return os.getpid()
 
-    def collect(self, group_seeds: list[int], first_group_id: int, iteration: int) -> list[Trajectory]:
-        self.trainer.iteration = iteration  # the driver's count decides the sampling seeds
-        return self.trainer.collect(group_seeds, first_group_id)
-
-    def mi(self, monitor: DiagnosticsMonitor, trajectories: list[Trajectory], iteration: int) -> tuple:
-        trainer = self.trainer
-        metrics = monitor.mi(trainer.model, trainer.policy.processor, trainer.policy.tokenizer, trajectories, iteration)
-        return metrics, monitor  # the monitor's state (EMAs, thresholds) travels back to the driver
-
-    def learning_rate(self) -> float:
-        return self.trainer.learning_rate()
-
-    def train_on(self, kept: list[Trajectory], iteration: int) -> dict[str, list[torch.Tensor]]:
-        self.trainer.iteration = iteration  # the driver's count decides the shuffle
-        return dict(self.trainer.train_stats(kept).values)
-
-    def finish_iteration(self) -> None:
-        self.trainer.finish_iteration()
-
-    def validation_episodes(self, start: int, stop: int) -> list[Trajectory]:
-        return self.trainer.validation_episodes(range(start, stop))
-
-    def move_probe(self) -> dict[str, float]:
-        return self.trainer.move_probe()
-
-    def save(self, state: dict[str, Any], keep_last: int) -> str:
-        self.trainer.load_state(state)  # the driver's loop state goes into the checkpoint
-        return str(self.trainer.save(keep_last))
-
-    def restore(self, path: str) -> dict[str, Any]:
-        return self.trainer.restore(Path(path))
+    def call(self, method: str, *args: Any) -> Any:
+        """`self.learner.<method>(*args)`: the `Learner` API, unchanged, on this replica."""
+        return getattr(self.learner, method)(*args)
 
     def parameters(self) -> dict[str, torch.Tensor]:
         """The policy's weights (tests compare replicas and runs)."""
-        return {name: p.detach().cpu().clone() for name, p in self.trainer.model.named_parameters()}
+        return {name: p.detach().cpu().clone() for name, p in self.learner.model.named_parameters()}
 
 
 def local_ray_environment() -> None:
@@ -157,16 +130,17 @@ def worker_bundles(cfg: DictConfig) -> tuple[list[dict[str, float]], int, str]:
     return [{"CPU": threads}] * workers, threads, "gloo"
 
 
-class RayTrainer(IterationLoop):
-    """The driver of `trainer.workers` replicas (see the module docstring); used through `vagen.trainer.run`."""
+class RayLearners:
+    """`trainer.workers` Ray replicas of a `Learner`, behind the `Learner` API (see the module docstring)."""
 
     def __init__(self, cfg: DictConfig) -> None:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        validate_config(cfg)
-        super().__init__(cfg)
+        self.cfg = cfg
+        model = cfg.model
+        self.tokenizer, _ = load_processing(model.source, model.modality, path=model.path, size=model.size)
         self.started_ray = connect(cfg.ray.address)
         bundles, threads, backend = worker_bundles(cfg)
         self.group = placement_group(bundles, strategy="PACK")
@@ -177,7 +151,7 @@ class RayTrainer(IterationLoop):
                 f"trainer.workers={cfg.trainer.workers} needs {len(bundles)} bundles of {bundles[0]} but the Ray "
                 f"cluster has {ray.cluster_resources()}; lower trainer.workers or ray.cpus_per_worker, or add nodes."
             )
-        actor = ray.remote(TrainerWorker)
+        actor = ray.remote(LearnerWorker)
         config = OmegaConf.to_container(cfg, resolve=True)
         self.workers = [
             actor.options(
@@ -189,14 +163,22 @@ class RayTrainer(IterationLoop):
         ]
         self.pids: list[int | None] = [None] * len(self.workers)
         try:
-            address, port = self._call("rendezvous", [self.workers[0].rendezvous.remote()])[0]
-            self.pids = self._call("start", [w.start.remote(address, port, backend) for w in self.workers])
+            address, port = self._gather("rendezvous", [self.workers[0].rendezvous.remote()])[0]
+            self.pids = self._gather("start", [w.start.remote(address, port, backend) for w in self.workers])
         except BaseException:
-            self.close()  # the caller never gets this trainer to close: free the actors and bundles here
+            self.close()  # the caller never gets these learners to close: free the actors and bundles here
             raise
 
     # ---- calling the workers -------------------------------------------------------------
-    def _call(self, what: str, refs: list) -> list:
+    def _all(self, what: str, method: str, *args: Any) -> list:
+        """`method(*args)` on every replica; their results in rank order."""
+        return self._gather(what, [worker.call.remote(method, *args) for worker in self.workers])
+
+    def _first(self, what: str, method: str, *args: Any) -> Any:
+        """`method(*args)` on replica 0 alone."""
+        return self._gather(what, [self.workers[0].call.remote(method, *args)])[0]
+
+    def _gather(self, what: str, refs: list) -> list:
         """The results of one call per worker (refs[i] from worker i, or from worker 0 alone), failing fast:
         a dead worker raises `WorkerLost` at once instead of leaving the others waiting in a collective."""
         import ray
@@ -214,66 +196,72 @@ class RayTrainer(IterationLoop):
         return ray.get(refs)
 
     def _lost(self, rank: int, what: str, error: Exception) -> WorkerLost:
-        last = latest_checkpoint(self.run_dir)
+        last = latest_checkpoint(Path(self.cfg.run_dir))
         return WorkerLost(
-            f"Ray worker {rank} of {len(self.workers)} (pid {self.pids[rank]}) died during {what} at iteration "
-            f"{self.iteration}: {type(error).__name__}. Last complete checkpoint: {last or 'none'}; rerun the same "
-            "command to resume from it."
+            f"Ray worker {rank} of {len(self.workers)} (pid {self.pids[rank]}) died during {what}: "
+            f"{type(error).__name__}. Last complete checkpoint: {last or 'none'}; rerun the same command to resume "
+            "from it."
         )
 
-    # ---- the loop's hooks ----------------------------------------------------------------
-    def collect(self, group_seeds: list[int]) -> list[Trajectory]:
+    # ---- the Learner API -------------------------------------------------------------------
+    def collect(self, group_seeds: list[int], sampling: SamplingParams) -> list[Trajectory]:
+        """Each replica plays a contiguous share of the groups; group ids stay those of the whole batch."""
         shares = contiguous_shares(len(group_seeds), len(self.workers))
         refs = [
-            worker.collect.remote(group_seeds[share.start : share.stop], share.start, self.iteration)
+            worker.call.remote("collect", group_seeds[share.start : share.stop], sampling, share.start)
             for worker, share in zip(self.workers, shares, strict=True)
         ]
-        return [trajectory for part in self._call("rollout", refs) for trajectory in part]
+        return [trajectory for part in self._gather("rollout", refs) for trajectory in part]
 
-    def diagnostics_hook(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        freq = self.cfg.diagnostics.compute_freq
-        if not freq or self.iteration % freq:
-            return {}
-        ref = self.workers[0].mi.remote(self.monitor, trajectories, self.iteration)
-        metrics, self.monitor = self._call("diagnostics", [ref])[0]
-        return metrics
+    def play_held_out(self, episodes: range) -> list[Trajectory]:
+        """Each replica plays a contiguous share of the held-out episodes."""
+        shares = contiguous_shares(len(episodes), len(self.workers))
+        refs = [
+            worker.call.remote("play_held_out", episodes[share.start : share.stop])
+            for worker, share in zip(self.workers, shares, strict=True)
+        ]
+        return [trajectory for part in self._gather("validation", refs) for trajectory in part]
+
+    def move_probe(self) -> dict[str, float]:
+        return self._first("validation", "move_probe")
+
+    def cross_score(self, job: ScoringJob, micro_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._first("diagnostics", "cross_score", job, micro_batch)
+
+    def image_probe(self, job: ScoringJob, micro_batch: int, scores: torch.Tensor) -> Any:
+        return self._first("diagnostics", "image_probe", job, micro_batch, scores)
 
     def learning_rate(self) -> float:
-        return self._call("update", [self.workers[0].learning_rate.remote()])[0]
+        return self._first("update", "learning_rate")
 
-    def train_on(self, kept: list[Trajectory]) -> dict[str, float]:
+    def update(self, batch: TokenBatch, iteration: int) -> UpdateStats:
+        """Every replica trains on its share of the rows of the same batch; their statistics merged, every
+        micro-batch of every replica, as one process would have averaged them."""
         import ray
 
-        batch = ray.put(kept)  # one copy in the object store, read by every worker
-        parts = self._call("update", [worker.train_on.remote(batch, self.iteration) for worker in self.workers])
+        shared = ray.put(batch)  # one copy in the object store, read by every worker
         stats = UpdateStats.empty()
-        for part in parts:  # every micro-batch of every replica, as one process would have averaged them
-            for name, values in part.items():
-                stats.values[name] += values
-        return stats.means()
+        for part in self._all("update", "update", shared, iteration):
+            stats.merge(part)
+        return stats
 
-    def finish_iteration(self) -> None:
-        self._call("update", [worker.finish_iteration.remote() for worker in self.workers])
+    def sync(self) -> None:
+        self._all("update", "sync")
 
-    def validate(self) -> dict[str, float]:
-        shares = contiguous_shares(self.cfg.trainer.eval_episodes, len(self.workers))
-        refs = [w.validation_episodes.remote(s.start, s.stop) for w, s in zip(self.workers, shares, strict=True)]
-        episodes = [trajectory for part in self._call("validation", refs) for trajectory in part]
-        return validation_metrics(episodes) | self._call("validation", [self.workers[0].move_probe.remote()])[0]
+    def save(
+        self, run_dir: Path, iteration: int, state: dict[str, Any], keep_last: int, fingerprint: dict[str, Any]
+    ) -> Path:
+        """Replica 0 writes the checkpoint (the replicas are identical), the loop's `state` beside its weights."""
+        return Path(self._first("checkpoint", "save", str(run_dir), iteration, state, keep_last, fingerprint))
 
-    def save(self, keep_last: int) -> Path:
-        return Path(self._call("checkpoint", [self.workers[0].save.remote(self.state(), keep_last)])[0])
-
-    def restore(self, path: Path) -> dict[str, Any]:
-        states = self._call("resume", [worker.restore.remote(str(path)) for worker in self.workers])
-        self.load_state(states[0])
-        return states[0]
+    def restore(self, path: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
+        return self._all("resume", "restore", str(path), fingerprint)[0]
 
     def worker_parameters(self, rank: int = 0) -> dict[str, torch.Tensor]:
-        return self._call("parameters", [self.workers[rank].parameters.remote()])[0]
+        return self._gather("parameters", [self.workers[rank].parameters.remote()])[0]
 
     def close(self) -> None:
-        """Stop the workers and free their bundles (and Ray itself, if this trainer started it)."""
+        """Stop the workers and free their bundles (and Ray itself, if this group started it)."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
@@ -281,5 +269,5 @@ class RayTrainer(IterationLoop):
             ray.kill(worker)
         if getattr(self, "group", None) is not None:
             remove_placement_group(self.group)
-        if self.started_ray:
+        if getattr(self, "started_ray", False):
             ray.shutdown()
