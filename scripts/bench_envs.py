@@ -1,8 +1,9 @@
 """Environment throughput: resets/s, steps/s with text and with image observations, render time,
 and 6×6 Sokoban level generation; gym-sokoban beside it when it is installed.
 
-    python scripts/bench_envs.py              # about 1 s per cell
-    python scripts/bench_envs.py --seconds 3  # steadier numbers
+    python scripts/bench_envs.py [seconds=1.0]
+
+    seconds   wall time per measured cell (1.0: about 1 s per cell; seconds=3 gives steadier numbers)
 
 A "step" is one `env.step(response)` with a single action, so rates compare with gym-sokoban's
 one-action steps. Single process, wall clock, no warm-up beyond one untimed call.
@@ -10,7 +11,6 @@ one-action steps. Single process, wall clock, no warm-up beyond one untimed call
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import sys
@@ -21,6 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 from envs_text.sokoban import generate_level
+from vagen.cli import script_options
 from vagen.env import make_env
 from vagen.env.policies import format_response
 
@@ -156,20 +157,18 @@ def generation_rates(seconds: float, gym_modules) -> list[tuple[str, float, floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=1.0, help="wall time per measured cell")
-    args = parser.parse_args()
+    options, _ = script_options(sys.argv[1:], {"seconds": 1.0}, overrides=False)
     gym_modules = import_gym_sokoban()
-    rows = bench_vagen(args.seconds)
+    rows = bench_vagen(options.seconds)
     if gym_modules is not None:
-        rows.append(bench_gym_sokoban(gym_modules, args.seconds))
+        rows.append(bench_gym_sokoban(gym_modules, options.seconds))
     else:
         print("(gym-sokoban not installed: `pip install gym-sokoban` adds a comparison row)")
     print(f"{'environment':<36}{'reset/s':>10}{'step/s text':>13}{'step/s image':>14}{'render ms':>11}")
     for label, resets, text_steps, image_steps, render_ms in rows:
         print(f"{label:<36}{resets:>10.0f}{text_steps:>13.0f}{image_steps:>14.0f}{render_ms:>11.3f}")
     print(f"\n{'Sokoban generation (levels/s)':<36}{'vagen':>10}{'gym-sokoban':>13}{'ratio':>8}")
-    for label, ours, theirs in generation_rates(args.seconds, gym_modules):
+    for label, ours, theirs in generation_rates(options.seconds, gym_modules):
         print(f"{label:<36}{ours:>10.0f}{theirs:>13.1f}{ours / theirs:>7.0f}x")
 
 

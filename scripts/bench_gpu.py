@@ -6,8 +6,21 @@ weights; its tokenizer and processor are the project's tiny ones (vagen.bootstra
 but every tensor has the real size: 151,936-entry embeddings and LM head, 36 decoder layers, a 32-block vision tower.
 It needs torch, transformers and torchvision-free processing only: the hf engine generates (no vLLM, no network).
 
-    python scripts/bench_gpu.py                      # the 3B architecture, bf16, on the GPU
-    python scripts/bench_gpu.py --scale tiny         # a few narrow layers: proves the script on a CPU in minutes
+    python scripts/bench_gpu.py [scale=3b|tiny] [modes=full,lora] [groups=2] [group_size=4] [micro_batch=2]
+                                [max_turns=3] [max_new_tokens=64] [context=2048] [grad_ckpt=false] [folder=DIR]
+    python scripts/bench_gpu.py              # the 3B architecture, bf16, on the GPU
+    python scripts/bench_gpu.py scale=tiny   # a few narrow layers: proves the script on a CPU in minutes
+
+    scale            3b: the published architecture; tiny: a few narrow layers, the same vocabulary
+    modes            comma-separated: full, lora
+    groups           P initial states
+    group_size       N rollouts per state
+    micro_batch      dialogues per forward/backward
+    max_turns        turns per episode
+    max_new_tokens   tokens per turn
+    context          rollout.max_context_tokens
+    grad_ckpt        true: trainer.gradient_checkpointing=true
+    folder           an already built model folder of this scale (default: build one in a temporary folder)
 
 Each mode runs in a fresh subprocess, so its peak (`torch.cuda.max_memory_allocated` on GPU, peak RSS growth on
 CPU) is its own. Phases: rollout (generation + env steps), old/ref log-probs (the no-grad scoring passes; score
@@ -19,7 +32,6 @@ copy under full fine-tuning, the same model with adapters off under LoRA.
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import subprocess
@@ -29,9 +41,11 @@ from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from vagen.bootstrap.tiny import mrope_section, tiny_corpus, train_tiny_tokenizer
+from vagen.cli import script_options
 from vagen.models.chat_template import (
     ENDOFTEXT,
     IM_END,
@@ -63,6 +77,8 @@ SCALES = {
     },
 }  # fmt: skip
 MODES = {"full": [], "lora": ["trainer.lora.enabled=true", "trainer.lora.r=16", "trainer.lora.alpha=32"]}
+DEFAULTS = {"scale": "3b", "modes": "full,lora", "groups": 2, "group_size": 4, "micro_batch": 2, "max_turns": 3,
+            "max_new_tokens": 64, "context": 2048, "grad_ckpt": False, "folder": ""}  # fmt: skip
 
 
 def qwen2_5_vl_config(scale: str, tokenizer) -> Qwen2_5_VLConfig:
@@ -99,27 +115,28 @@ def build_model_folder(scale: str, folder: Path) -> None:
         torch.cuda.empty_cache()  # the modes run in child processes: leave them the whole device
 
 
-def run_config(args: argparse.Namespace, folder: str, run_dir: str):
+def run_config(options: DictConfig, folder: str, run_dir: str):
     overrides = [
         "env=sokoban_visual", "model=qwen2_5_vl_3b", f"model.path={folder}", "model.dtype=bfloat16",
         "trainer.bf16=true", "algorithm.kl_coef=0.001", "filter.empty_policy=keep_all", "diagnostics.compute_freq=0",
-        f"trainer.groups={args.groups}", f"trainer.group_size={args.group_size}",
-        f"trainer.mini_batch_size={args.groups * args.group_size}", f"trainer.micro_batch_size={args.micro_batch}",
-        f"env.kwargs.max_turns={args.max_turns}", f"rollout.max_new_tokens={args.max_new_tokens}",
-        f"rollout.max_context_tokens={args.context}", f"trainer.gradient_checkpointing={args.grad_ckpt}",
+        f"trainer.groups={options.groups}", f"trainer.group_size={options.group_size}",
+        f"trainer.mini_batch_size={options.groups * options.group_size}",
+        f"trainer.micro_batch_size={options.micro_batch}",
+        f"env.kwargs.max_turns={options.max_turns}", f"rollout.max_new_tokens={options.max_new_tokens}",
+        f"rollout.max_context_tokens={options.context}", f"trainer.gradient_checkpointing={options.grad_ckpt}",
         "trainer.eval_every=0", "trainer.viz_every=0", "logger.wandb_mode=disabled", "logger.progress=false",
-        f"run_dir={run_dir}", *MODES[args.only],
+        f"run_dir={run_dir}", *MODES[options.only],
     ]  # fmt: skip
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         return compose("train", overrides=overrides)
 
 
-def measure(args: argparse.Namespace, folder: str) -> dict[str, float]:
-    """One iteration of mode `args.only` in this process: phase seconds, tokens, peak memory, the plan."""
+def measure(options: DictConfig, folder: str) -> dict[str, float]:
+    """One iteration of mode `options.only` in this process: phase seconds, tokens, peak memory, the plan."""
     cuda = torch.cuda.is_available()
     start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     with tempfile.TemporaryDirectory() as run_dir:
-        trainer = StarPOTrainer(run_config(args, folder, run_dir))
+        trainer = StarPOTrainer(run_config(options, folder, run_dir))
         learner = trainer.learner
         metrics = trainer.train_iteration()
         trainer.close()
@@ -146,39 +163,32 @@ def report(mode: str, r: dict[str, float]) -> str:
     )
 
 
+def parse_options(argv: list[str]) -> DictConfig:
+    """The options, with `only=<mode>` for the child process (it runs that mode and prints JSON)."""
+    choices = {"scale": tuple(SCALES), "modes": tuple(MODES), "only": tuple(MODES)}
+    return script_options(argv, {**DEFAULTS, "only": ""}, overrides=False, choices=choices)[0]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scale", choices=sorted(SCALES), default="3b", help="3b: the published architecture")
-    parser.add_argument("--modes", default="full,lora", help="comma-separated: full, lora")
-    parser.add_argument("--groups", type=int, default=2, help="P initial states")
-    parser.add_argument("--group-size", type=int, default=4, help="N rollouts per state")
-    parser.add_argument("--micro-batch", type=int, default=2, help="dialogues per forward/backward")
-    parser.add_argument("--max-turns", type=int, default=3, help="turns per episode")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per turn")
-    parser.add_argument("--context", type=int, default=2048, help="rollout.max_context_tokens")
-    parser.add_argument("--grad-ckpt", action="store_true", help="trainer.gradient_checkpointing=true")
-    parser.add_argument("--folder", help="an already built model folder of this scale")
-    parser.add_argument("--only", help=argparse.SUPPRESS)  # the child process: run this mode, print JSON
-    args = parser.parse_args()
-    if args.only:
-        print(json.dumps(measure(args, args.folder)))
+    options = parse_options(sys.argv[1:])
+    if options.only:
+        print(json.dumps(measure(options, options.folder)))
         return
     with tempfile.TemporaryDirectory() as scratch:
-        folder = args.folder or str(Path(scratch) / f"qwen2_5_vl-{args.scale}")
-        if not args.folder:
-            build_model_folder(args.scale, Path(folder))
+        folder = options.folder or str(Path(scratch) / f"qwen2_5_vl-{options.scale}")
+        if not options.folder:
+            build_model_folder(options.scale, Path(folder))
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
-        print(f"Qwen2.5-VL {args.scale} architecture, bf16, on {device}; P={args.groups} N={args.group_size} "
-              f"turns={args.max_turns} new_tokens={args.max_new_tokens} grad_ckpt={args.grad_ckpt}")  # fmt: skip
+        print(f"Qwen2.5-VL {options.scale} architecture, bf16, on {device}; P={options.groups} "
+              f"N={options.group_size} turns={options.max_turns} new_tokens={options.max_new_tokens} "
+              f"grad_ckpt={options.grad_ckpt}")  # fmt: skip
         print("| mode  | trainable M | rollout s | logprobs s | update s | rollout tok/s | score tok/s | "
               "update tok/s | peak GiB | plan GiB |")  # fmt: skip
         print("|-------|-------------|-----------|------------|----------|---------------|-------------|"
               "--------------|----------|----------|")  # fmt: skip
-        skip = ("only", "folder", "grad_ckpt")
-        options = [f"--{key.replace('_', '-')}={value}" for key, value in vars(args).items() if key not in skip]
-        options += ["--grad-ckpt"] * args.grad_ckpt
-        for mode in args.modes.split(","):
-            command = [sys.executable, __file__, f"--only={mode}", f"--folder={folder}", *options]
+        arguments = [f"{key}={options[key]}" for key in DEFAULTS if key != "folder"]
+        for mode in options.modes.split(","):
+            command = [sys.executable, __file__, f"only={mode}", f"folder={folder}", *arguments]
             child = subprocess.run(command, capture_output=True, text=True)
             if child.returncode:
                 print(f"| {mode:<5} | failed: {child.stderr.strip().splitlines()[-1]}")

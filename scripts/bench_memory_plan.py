@@ -7,12 +7,15 @@ Each configuration runs in a fresh subprocess: it builds a ~100M-parameter Qwen2
 states); the estimate is the plan's weights + lora + grads + optimizer + activations for the same model and
 batch (no reference, critic or KV cache).
 
-    python scripts/bench_memory_plan.py [--batch 4] [--seq 512] [--sampled 256]
+    python scripts/bench_memory_plan.py [batch=4] [seq=512] [sampled=256]
+
+    batch     dialogues per micro-batch
+    seq       tokens per dialogue
+    sampled   sampled (scored) tokens per dialogue
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import subprocess
@@ -21,6 +24,7 @@ import sys
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from vagen.cli import script_options
 from vagen.models.checkpointing import enable_gradient_checkpointing, recomputing
 from vagen.models.lora import add_lora
 from vagen.rollout.batch import TokenBatch
@@ -39,6 +43,7 @@ CONFIGS = {  # name -> (gradient checkpointing, LoRA rank)
     "LoRA r=16": (False, 16),
     "LoRA r=16 + grad ckpt": (True, 16),
 }
+DEFAULTS = {"batch": 4, "seq": 512, "sampled": 256}
 
 
 def peak_rss_bytes() -> int:
@@ -102,24 +107,20 @@ def estimate(name: str, batch: int, seq: int, sampled: int) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch", type=int, default=4, help="dialogues per micro-batch")
-    parser.add_argument("--seq", type=int, default=512, help="tokens per dialogue")
-    parser.add_argument("--sampled", type=int, default=256, help="sampled (scored) tokens per dialogue")
-    parser.add_argument("--only", help=argparse.SUPPRESS)  # the child process: measure this config, print JSON
-    args = parser.parse_args()
-    sizes = (args.batch, args.seq, args.sampled)
-    if args.only:
-        print(json.dumps({"measured": measure(args.only, *sizes)}))
+    # only=<config>: the child process, which measures that configuration and prints JSON
+    options, _ = script_options(sys.argv[1:], {**DEFAULTS, "only": ""}, overrides=False, choices={"only": CONFIGS})
+    sizes = (options.batch, options.seq, options.sampled)
+    if options.only:
+        print(json.dumps({"measured": measure(options.only, *sizes)}))
         return
     params = plan_memory(model_shape(MODEL), TrainingSetup(1, 1, 1)).parameters
-    print(f"Qwen2-style model, {params / 1e6:.1f}M parameters (fp32); batch={args.batch} seq={args.seq} "
-          f"sampled={args.sampled}; torch {torch.__version__}")  # fmt: skip
+    print(f"Qwen2-style model, {params / 1e6:.1f}M parameters (fp32); batch={options.batch} seq={options.seq} "
+          f"sampled={options.sampled}; torch {torch.__version__}")  # fmt: skip
     print(f"| {'config':<24} | estimate GB | measured GB | ratio |")
     print(f"|{'-' * 26}|-------------|-------------|-------|")
+    arguments = [f"{key}={options[key]}" for key in DEFAULTS]
     for name in CONFIGS:
-        options = [f"--{key}={value}" for key, value in vars(args).items() if key != "only"]
-        command = [sys.executable, __file__, f"--only={name}", *options]
+        command = [sys.executable, __file__, f"only={name}", *arguments]
         child = subprocess.run(command, capture_output=True, text=True, check=True)
         measured = json.loads(child.stdout.strip().splitlines()[-1])["measured"]
         planned = estimate(name, *sizes)

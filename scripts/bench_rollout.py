@@ -5,7 +5,12 @@ sequence generates exactly that many), in one run; prints a table with tokens/s 
 times the transformers engine on the tiny Qwen2.5-VL with one image per prompt when
 `vagen.bootstrap.tiny` is available, and the vLLM engine on it when vLLM can run it.
 
-    python scripts/bench_rollout.py --batch 32 --new-tokens 64
+    python scripts/bench_rollout.py [batch=32] [new_tokens=64] [image_side=240] [skip_tiny_vl=false]
+
+    batch          prompts per generate call
+    new_tokens     tokens generated per prompt
+    image_side     tiny_vl image size in pixels
+    skip_tiny_vl   true: time SmolLM2 only
 
 vLLM runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) unless that variable is already set; on
 CPU, VLLM_CPU_KVCACHE_SPACE defaults to 2 (GiB). Timings include no model loading; each engine does
@@ -14,9 +19,11 @@ one untimed warm-up call first.
 
 from __future__ import annotations
 
-import argparse
 import os
+import sys
 import time
+
+from vagen.cli import script_options
 
 INSTRUCTIONS = [
     "What is the capital of France?",
@@ -161,23 +168,18 @@ def print_table(title: str, rows: list[tuple[str, float, int]]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--image-side", type=int, default=240, help="tiny_vl image size in pixels")
-    parser.add_argument("--skip-tiny-vl", action="store_true")
-    args = parser.parse_args()
+    defaults = {"batch": 32, "new_tokens": 64, "image_side": 240, "skip_tiny_vl": False}
+    options, _ = script_options(sys.argv[1:], defaults, overrides=False)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     import torch
 
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads; batch {args.batch} x {args.new_tokens} tokens"
-    )
-    print_table("SmolLM2-135M-Instruct (fp32)", bench_smollm2(args.batch, args.new_tokens))
-    if not args.skip_tiny_vl:
-        tiny_rows = bench_tiny_vl(args.batch, args.new_tokens, args.image_side)
-        print_table(f"tiny Qwen2.5-VL, one {args.image_side}x{args.image_side} image per prompt", tiny_rows)
+    threads, batch, new_tokens = torch.get_num_threads(), options.batch, options.new_tokens
+    print(f"torch {torch.__version__}, {threads} threads; batch {batch} x {new_tokens} tokens")
+    print_table("SmolLM2-135M-Instruct (fp32)", bench_smollm2(batch, new_tokens))
+    if not options.skip_tiny_vl:
+        tiny_rows = bench_tiny_vl(batch, new_tokens, options.image_side)
+        print_table(f"tiny Qwen2.5-VL, one {options.image_side}x{options.image_side} image per prompt", tiny_rows)
 
 
 if __name__ == "__main__":  # vLLM may spawn processes, which re-import this file

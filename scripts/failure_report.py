@@ -1,6 +1,9 @@
 """Why a model's evaluated episodes fail: dead ends, running out of turns, suboptimal turns, misread states.
 
-    python scripts/failure_report.py outputs/eval/default/tiny_vl/sokoban_visual [more cells] [--json FILE]
+    python scripts/failure_report.py cells=outputs/eval/default/tiny_vl/sokoban_visual[,more cells] [json=FILE]
+
+    cells   comma-separated <out_dir>/<model>/<env> folders of scripts/evaluate.py; required
+    json    also write the reports to this JSON file
 
 A cell is the folder `scripts/evaluate.py` writes per (model, env): `settings.json` and `episodes/*.json`. Every
 episode is replayed in its game next to the game's solver (vagen/eval/failures.py); games without a solver or
@@ -9,11 +12,11 @@ demonstration reasoning cannot be analysed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
+from vagen.cli import script_options
 from vagen.eval.failures import failure_report, replay_cell
 
 
@@ -46,15 +49,15 @@ def report_lines(name: str, report: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("cells", type=Path, nargs="+", help="<out_dir>/<model>/<env> folders of scripts/evaluate.py")
-    parser.add_argument("--json", type=Path, default=None, help="also write the reports to this JSON file")
-    args = parser.parse_args(argv)
-    reports = {str(cell): cell_report(cell) for cell in args.cells}
+    example = {"cells": "outputs/eval/default/tiny_vl/sokoban_visual"}
+    defaults = {"cells": "", "json": ""}
+    options, _ = script_options(sys.argv[1:] if argv is None else argv, defaults, overrides=False, required=example)
+    cells = [Path(cell) for cell in options.cells.split(",") if cell]
+    reports = {str(cell): cell_report(cell) for cell in cells}
     for name, report in reports.items():
         print("\n".join(report_lines(name, report)))
-    if args.json is not None:
-        args.json.write_text(json.dumps(reports, indent=1))
+    if options.json:
+        Path(options.json).write_text(json.dumps(reports, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,12 @@
 """Which first move each model prefers on the same held-out states, teacher-forced (vagen/rollout/move_probe.py).
 
-    python scripts/move_probe.py tiny_vl outputs/runs/<run> [more models] [--env sokoban_visual] [--states 256]
-                                 [--json FILE]
+    python scripts/move_probe.py models=tiny_vl,outputs/runs/<run>[,more models] [env=sokoban_visual] [states=256]
+                                 [json=FILE]
+
+    models   comma-separated configs/model names, run folders or checkpoint folders; required
+    env      a configs/env name (default sokoban_visual)
+    states   held-out seeds to probe (default 256)
+    json     also write the results to this JSON file
 
 A model is a configs/model name, a training run folder (its latest checkpoint) or a checkpoint folder, as for
 scripts/evaluate.py. States are the evaluator's held-out seeds 1e9 + k with something to decide. Prints each model's
@@ -11,7 +16,6 @@ preferred move is optimal, chance, and every model's paired change of that mass 
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import sys
@@ -21,6 +25,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from vagen.cli import script_options
 from vagen.diagnostics.move_preference import move_preferences, optimal_mass, probe_summary
 from vagen.env import make_env
 from vagen.eval import paired_change
@@ -46,15 +51,13 @@ def load_models(entries: list[str], env_cfg: dict) -> list:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("models", nargs="+", help="configs/model names, run folders or checkpoint folders")
-    parser.add_argument("--env", default="sokoban_visual", help="a configs/env name (default sokoban_visual)")
-    parser.add_argument("--states", type=int, default=256, help="held-out seeds to probe (default 256)")
-    parser.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
-    args = parser.parse_args(argv)
+    defaults = {"models": "", "env": "sokoban_visual", "states": 256, "json": ""}
+    example = {"models": "tiny_vl,outputs/runs/<run>"}
+    options, _ = script_options(sys.argv[1:] if argv is None else argv, defaults, overrides=False, required=example)
+    models = [model for model in options.models.split(",") if model]
     try:
-        env_cfg = load_env_config(args.env, CONFIG_DIR, {})
-        specs = load_models(args.models, env_cfg)
+        env_cfg = load_env_config(options.env, CONFIG_DIR, {})
+        specs = load_models(models, env_cfg)
         make = functools.partial(make_env, env_cfg["id"], **env_cfg["kwargs"])
         check_probeable(make())
     except ValueError as error:
@@ -64,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     for spec in specs:
         policy = load_local_policy(spec, "cuda" if torch.cuda.is_available() else "cpu")
         formatter = DialogueFormatter(policy.tokenizer, policy.image_processor)
-        states = probe_states(make, formatter, eval_seeds(args.states))
+        states = probe_states(make, formatter, eval_seeds(options.states))
         optimal = np.array([state.optimal for state in states])
         preferences = move_preferences(policy.model, policy.image_processor or policy.tokenizer, states)
         summary = probe_summary(preferences, optimal)
@@ -82,8 +85,8 @@ def main(argv: list[str] | None = None) -> None:
             line += f"; paired change vs {first[0]}: {change:+.3f} [{low:+.3f}, {high:+.3f}]"
         print(line, flush=True)
         results[spec.label] = summary
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1))
+    if options.json:
+        Path(options.json).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,19 +1,23 @@
 """Plot a training run: training, filtering, diagnostics and regime figures as PNGs.
 
-    python scripts/plot_run.py outputs/runs/sokoban_visual-tiny_vl-grpo-seed0 [--out DIR]
+    python scripts/plot_run.py run=outputs/runs/sokoban_visual-tiny_vl-grpo-seed0 [out=DIR]
 
-Reads `RUN_DIR/metrics.jsonl` (and `RUN_DIR/config.yaml` for the title when present), writes
-`DIR/<figure>.png` (default DIR: RUN_DIR/plots), prints each written path and one line per panel
+    run   run folder holding metrics.jsonl (written by scripts/train.py); required
+    out   folder for the PNGs (default: RUN/plots)
+
+Reads `RUN/metrics.jsonl` (and `RUN/config.yaml` for the title when present), writes
+`DIR/<figure>.png` (default DIR: RUN/plots), prints each written path and one line per panel
 left out because its metrics are not in the log.
 """
 
 from __future__ import annotations
 
-import argparse
+import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from vagen.cli import script_options
 from vagen.logging import read_metrics
 from vagen.logging.sinks import METRICS_FILENAME
 from vagen.viz.plots import render_run
@@ -33,21 +37,22 @@ def run_name(run_dir: Path) -> str:
     return " · ".join(named) if named else run_dir.name
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dir", type=Path, help="run folder holding metrics.jsonl (written by scripts/train.py)")
-    parser.add_argument("--out", type=Path, default=None, help="folder for the PNGs (default: RUN_DIR/plots)")
-    return parser.parse_args(argv)
+def parse_args(argv: list[str]) -> tuple[Path, Path]:
+    """(the run folder, the folder for the PNGs) from `run=... [out=...]`."""
+    example = {"run": "outputs/runs/sokoban_visual-tiny_vl-grpo-seed0"}
+    options, _ = script_options(argv, {"run": "", "out": ""}, overrides=False, required=example)
+    run_dir = Path(options.run)
+    return run_dir, Path(options.out) if options.out else run_dir / "plots"
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if not (args.run_dir / METRICS_FILENAME).is_file():
+    run_dir, out = parse_args(sys.argv[1:] if argv is None else argv)
+    if not (run_dir / METRICS_FILENAME).is_file():
         raise SystemExit(
-            f"No {METRICS_FILENAME} in {args.run_dir}; pass the run folder that scripts/train.py wrote "
-            "(its `run_dir`, e.g. outputs/runs/<env>-<model>-<algorithm>-seed<seed>)."
+            f"No {METRICS_FILENAME} in {run_dir}; pass the run folder that scripts/train.py wrote "
+            "(its `run_dir`, e.g. run=outputs/runs/<env>-<model>-<algorithm>-seed<seed>)."
         )
-    paths, skipped = render_run(read_metrics(args.run_dir), args.out or args.run_dir / "plots", run_name(args.run_dir))
+    paths, skipped = render_run(read_metrics(run_dir), out, run_name(run_dir))
     for path in paths:
         print(f"wrote {path}")
     for note in skipped:

@@ -38,3 +38,28 @@ def test_a_wrong_value_names_the_option_and_what_it_takes(argument, message, cap
         script_options([argument], DEFAULTS)
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_required_keys_and_choices_are_checked_with_an_example(capsys):
+    required, choices = {"out": "outputs/runs/x"}, {"before": ("main", "dev")}
+    with pytest.raises(ValueError, match=r"out= is required, e.g. out=outputs/runs/x\."):
+        parse_options(["before=main"], DEFAULTS, required=required)
+    options, _ = parse_options(["out=y", "before=dev"], DEFAULTS, required=required, choices=choices)
+    assert (options.out, options.before) == ("y", "dev")
+    with pytest.raises(ValueError, match=r"seeds='0,9': each value must be one of 0, 1, 2\."):
+        parse_options(["seeds=0,9"], DEFAULTS, choices={"seeds": ("0", "1", "2")})  # every item of a comma list
+    with pytest.raises(ValueError, match=r"not key=value; options are iterations, lr, profile, before, seeds, out\.$"):
+        parse_options(["-x"], DEFAULTS, overrides=False)  # no mention of train.py overrides where none are taken
+
+
+def test_help_prints_the_scripts_usage_and_exits_zero(capsys, monkeypatch):
+    import sys
+    import types
+
+    script = types.ModuleType("__main__", "Plot a run.\n\n    python scripts/plot_run.py run=DIR [out=DIR]\n")
+    monkeypatch.setitem(sys.modules, "__main__", script)
+    for flag in ("-h", "--help"):
+        with pytest.raises(SystemExit) as exit_info:
+            script_options(["lr=1", flag], DEFAULTS)
+        assert exit_info.value.code == 0
+        assert capsys.readouterr().out == "Plot a run.\n\n    python scripts/plot_run.py run=DIR [out=DIR]\n"

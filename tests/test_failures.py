@@ -87,11 +87,11 @@ def test_script_prints_the_report_and_names_a_wrong_folder(tmp_path, capsys):
     out = evaluate_cells(tmp_path / "eval", "solver", episodes=2)
     argv = sys.argv
     try:
-        sys.argv = ["failure_report.py", str(out / "solver" / "sokoban_text"), "--json", str(tmp_path / "r.json")]
+        sys.argv = ["failure_report.py", f"cells={out / 'solver' / 'sokoban_text'}", f"json={tmp_path / 'r.json'}"]
         runpy.run_path(str(SCRIPTS / "failure_report.py"), run_name="__main__")
         assert "outcome: solved 2/2 (100%)" in capsys.readouterr().out
         assert json.loads((tmp_path / "r.json").read_text())[str(out / "solver" / "sokoban_text")]["episodes"] == 2
-        sys.argv = ["failure_report.py", str(tmp_path)]
+        sys.argv = ["failure_report.py", f"cells={tmp_path}"]
         with pytest.raises(SystemExit) as exit_info:
             runpy.run_path(str(SCRIPTS / "failure_report.py"), run_name="__main__")
         assert exit_info.value.code == 2 and "has no settings.json" in capsys.readouterr().err

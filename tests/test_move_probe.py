@@ -73,8 +73,8 @@ def test_summary_on_a_worked_example():
 
 @pytest.mark.slow(seconds=35)
 def test_script_prints_and_writes_each_models_probe_and_refuses_what_it_cannot_probe(tmp_path):
-    command = [sys.executable, str(ROOT / "scripts" / "move_probe.py"), "tiny_vl_test", "tiny_vl_warm_test"]
-    done = subprocess.run([*command, "--states", "6", "--json", str(tmp_path / "probe.json")],
+    command = [sys.executable, str(ROOT / "scripts" / "move_probe.py"), "models=tiny_vl_test,tiny_vl_warm_test"]
+    done = subprocess.run([*command, "states=6", f"json={tmp_path / 'probe.json'}"],
                           capture_output=True, text=True, cwd=ROOT, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads((tmp_path / "probe.json").read_text())
@@ -87,8 +87,8 @@ def test_script_prints_and_writes_each_models_probe_and_refuses_what_it_cannot_p
         and "paired change vs tiny_vl_test" in done.stdout
     )
     for bad, message in (
-        (["solver"], "built-in policy"),
-        (["tiny_vl_test", "--env", "bandit_text"], "has no demonstration reasoning"),
+        (["models=solver"], "built-in policy"),
+        (["models=tiny_vl_test", "env=bandit_text"], "has no demonstration reasoning"),
     ):
         refused = subprocess.run([sys.executable, str(ROOT / "scripts" / "move_probe.py"), *bad],
                                  capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip

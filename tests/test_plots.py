@@ -235,7 +235,7 @@ def test_script_end_to_end_on_a_run_folder(records, tmp_path, capsys):
     run_dir = tmp_path / "run"
     _write_run(run_dir, [{k: v for k, v in r.items() if not k.startswith("mi/")} for r in records])
     script = _load_script()
-    assert script.main([str(run_dir), "--out", str(tmp_path / "out")]) == 0
+    assert script.main([f"run={run_dir}", f"out={tmp_path / 'out'}"]) == 0
     printed = capsys.readouterr().out
     written = [Path(line.removeprefix("wrote ")) for line in printed.splitlines() if line.startswith("wrote ")]
     assert [path.name for path in written] == ["training.png", "filtering.png", "diagnostics.png"]
@@ -251,7 +251,7 @@ def test_script_default_out_dir_and_missing_metrics_message(records, tmp_path, c
     run_dir = tmp_path / "run"
     _write_run(run_dir, records[:3])
     script = _load_script()
-    script.main([str(run_dir)])
+    script.main([f"run={run_dir}"])
     assert (run_dir / "plots" / "training.png").is_file()
     with pytest.raises(SystemExit, match=r"No metrics\.jsonl"):
-        script.main([str(tmp_path / "empty")])
+        script.main([f"run={tmp_path / 'empty'}"])
