@@ -17,13 +17,10 @@ TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: 
 
 
 def script_options(
-    argv: list[str],
-    defaults: dict[str, Any],
-    overrides: bool = True,
-    required: dict[str, str] | None = None,
-    choices: dict[str, tuple[str, ...]] | None = None,
+    argv: list[str], defaults: dict[str, Any], overrides: bool = True, **checks: Any
 ) -> tuple[DictConfig, list[str]]:
-    """(the script's options: `defaults` updated from `argv`, the remaining arguments as overrides).
+    """(the script's options: `defaults` updated from `argv`, the remaining arguments as overrides); `checks` are
+    `parse_options`' required= and choices=.
 
     As argparse does, a bad argument ends the script with one `error:` line (exit 2), and `-h` / `--help` prints the
     script's docstring (its usage text) and exits.
@@ -32,7 +29,7 @@ def script_options(
         print((sys.modules["__main__"].__doc__ or "").strip() or f"options: {', '.join(defaults)}")
         raise SystemExit(0)
     try:
-        return parse_options(argv, defaults, overrides, required, choices)
+        return parse_options(argv, defaults, overrides, **checks)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
