@@ -1,4 +1,4 @@
-"""Scale-out on Ray: `trainer.workers=N` trains with N Ray actors, each a replica of the trainer on its own device.
+"""Scale-out on Ray: `trainer.workers=N` trains with N Ray actors, each a replica of the `Learner` on its own device.
 
 What runs where
 - The driver (the `scripts/train.py` process) holds no model. Its `StarPOTrainer` loop holds a `RayLearners`, which
