@@ -18,6 +18,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
+from vagen.cli import script_options
 from vagen.filtering import select_groups
 from vagen.rollout import trajectories_to_batch
 from vagen.trainer.starpo import StarPOTrainer, group_returns
@@ -32,8 +33,8 @@ def timed(fn) -> float:
 
 
 def main(argv: list[str]) -> None:
-    repeats = int(next((a.split("=", 1)[1] for a in argv if a.startswith("repeats=")), 3))
-    overrides = [a for a in argv if not a.startswith("repeats=")]
+    options, overrides = script_options(argv, {"repeats": 3})
+    repeats = options.repeats
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose("train", overrides=["logger.wandb_mode=disabled", "diagnostics.compute_freq=1", *overrides])
     trainer = StarPOTrainer(cfg)
