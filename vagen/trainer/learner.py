@@ -361,25 +361,21 @@ class Learner:
         # holds the whole batch's tensors, and the advantages are computed identically everywhere.
         parallel = self.data_parallel
         mine = parallel.share(torch.arange(len(batch)))
+
+        def logprobs_of(model: torch.nn.Module, rows: torch.Tensor) -> torch.Tensor:
+            """[B, T] log-probs of the sampled tokens under `model` on `rows`, zeros elsewhere, summed over replicas."""
+            out = torch.zeros(batch.input_ids.shape)
+            if len(rows):
+                scored = batched_logprobs(model, batch.select(rows), processor, self.micro_batch_size, temperature)
+                out[rows, : scored.shape[1]] = scored
+            return parallel.sum_(out)
+
         with self._autocast():
-            old_logprobs = torch.zeros(batch.input_ids.shape)
-            stale = mine if fresh is None else mine[~fresh[mine]]
-            if len(stale):
-                scored = batched_logprobs(
-                    self.model, batch.select(stale), processor, self.micro_batch_size, temperature
-                )
-                old_logprobs[stale, : scored.shape[1]] = scored
-            parallel.sum_(old_logprobs)
+            old_logprobs = logprobs_of(self.model, mine if fresh is None else mine[~fresh[mine]])
             ref_logprobs = None
             if self.reference is not None:
-                ref_logprobs = torch.zeros(batch.input_ids.shape)
-                if len(mine):
-                    with self.reference_scope():
-                        scored = batched_logprobs(
-                            self.reference, batch.select(mine), processor, self.micro_batch_size, temperature
-                        )
-                    ref_logprobs[mine, : scored.shape[1]] = scored
-                parallel.sum_(ref_logprobs)
+                with self.reference_scope():
+                    ref_logprobs = logprobs_of(self.reference, mine)
             old_values = None
             if self.critic is not None:
                 old_values = torch.zeros(batch.input_ids.shape)
