@@ -67,6 +67,9 @@ ARMS = {
     "gigpo_lr3e-4": ["algorithm=gigpo", "trainer.lr=3e-4"],
     # Sokoban only: a per-action potential-based reward from the solver's distance (dead ends priced), lr 1e-4
     "gigpo_shaped": ["algorithm=gigpo", "trainer.lr=1e-4", "env.kwargs.distance_shaping=1.0"],
+    # self-imitation: advantages clamped at 0, so no sampled text is pushed down (format cannot be unlearned that way)
+    "gigpo_sil1e-4": ["algorithm=gigpo", "trainer.lr=1e-4", "algorithm.advantage_min=0"],
+    "gigpo_sil3e-4": ["algorithm=gigpo", "trainer.lr=3e-4", "algorithm.advantage_min=0"],
 }
 Z_95 = 1.959964
 
