@@ -25,10 +25,10 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from vagen.cli import script_options
+from vagen.forward import policy_forward
 from vagen.models.checkpointing import enable_gradient_checkpointing, recomputing
 from vagen.models.lora import add_lora
 from vagen.rollout.batch import TokenBatch
-from vagen.trainer.forward import policy_forward
 from vagen.trainer.memory_plan import GIB, TrainingSetup, model_shape, plan_memory
 
 MODEL = {  # ~100M parameters: a Qwen2 of SmolLM2-135M's width with a smaller vocabulary

@@ -302,3 +302,32 @@ def test_the_samples_of_a_seed_differ_for_a_scripted_random_policy(tmp_path):
     run(tmp_path, *args)
     texts = list(assistant_texts(tmp_path).values())
     assert len({tuple(t) for t in texts}) == 4, "the samples of one seed must not share a random stream"
+
+
+def test_evaluate_plays_the_trainers_validation_episodes(tmp_path):
+    """One evaluator: `scripts/evaluate.py` (default seed, same temperature and token budgets) plays exactly the
+    episodes the trainer's validation plays (`validation_episodes`, which the SFT report plays too), text for text."""
+    from vagen.engines.hf import HFEngine
+    from vagen.env import make_env
+    from vagen.eval.models import load_local_policy, resolve_models
+    from vagen.rollout import DialogueFormatter
+    from vagen.rollout.validation import validation_episodes
+
+    run(tmp_path, "model=[tiny_vl_test]", "env=[sokoban_visual]", "episodes=3", "temperature=1.0")
+    spec = resolve_models(["tiny_vl_test"], OmegaConf.create({"name": "hf"}), CONFIG_DIR, {})[0]
+    policy = load_local_policy(spec, "cpu")
+    env_cfg = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "env" / "sokoban_visual.yaml"))
+    kwargs = env_cfg["kwargs"] | {"max_turns": 2}
+    trajectories = validation_episodes(
+        lambda: make_env(env_cfg["id"], **kwargs),
+        HFEngine(policy.model, policy.processor),
+        DialogueFormatter(policy.tokenizer, policy.image_processor),
+        episodes=range(3),
+        temperature=1.0,
+        max_new_tokens=6,
+        max_context_tokens=8192,
+        env_name="sokoban_visual",
+    )
+    validated = {f"ep{k:05d}_seed{t.seed}.json": [turn.response_text for turn in t.turns] for k, t in
+                 enumerate(trajectories)}  # fmt: skip
+    assert assistant_texts(tmp_path) == validated

@@ -1,5 +1,5 @@
 """The gradient noise scale: the estimator against brute force and known distributions, the trainer's per-group
-gradients against its whole-batch gradient, and scripts/grad_noise.py end to end on the tiny test model."""
+gradients against its whole-batch gradient, and research/grad_noise.py end to end on the tiny test model."""
 
 import json
 import subprocess
@@ -127,7 +127,7 @@ def test_measure_reports_every_block_of_a_vision_model():
 
 def test_grad_noise_script_end_to_end(tmp_path):
     out = tmp_path / "noise.json"
-    command = [sys.executable, "scripts/grad_noise.py", *SMALL, "noise.groups=4", "noise.folds=2", f"noise.out={out}"]
+    command = [sys.executable, "research/grad_noise.py", *SMALL, "noise.groups=4", "noise.folds=2", f"noise.out={out}"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "rollouts: 4/4 groups" in done.stdout and "gradients: 4/4 groups" in done.stdout

@@ -9,8 +9,8 @@ from vagen.bootstrap.tiny import build_tiny_vl, load_tiny_vl
 from vagen.engines.base import Generation, SamplingParams
 from vagen.env import IMAGE_PLACEHOLDER, make_env
 from vagen.env.registry import registered_envs
+from vagen.forward import policy_forward
 from vagen.rollout import DialogueFormatter, RolloutSpec, collect_rollouts, trajectories_to_batch
-from vagen.trainer.forward import policy_forward
 
 FRAGMENTS = [
     "<think>", "</think>", "<answer>", "</answer>", "<THINK>", "<answer></answer>", "<image>", "<img>",

@@ -31,14 +31,26 @@ EDGES = {
     "rollout": {"engines", "env"},
     "diagnostics": {"registry", "models", "rollout"},  # scoring runs the model (diagnostics/scoring.py)
     "viz": {"registry", "env"},
-    "trainer": {"algos", "diagnostics", "engines", "env", "filtering", "logging", "models", "rollout", "viz"},
-    "bootstrap": {"algos", "engines", "env", "models", "rollout", "trainer"},  # SFT reuses the trainer's forward
+    "forward": {"algos", "models", "rollout"},  # teacher-forced log-probs of a TokenBatch: the update's and SFT's
+    "trainer": {
+        "algos",
+        "diagnostics",
+        "engines",
+        "env",
+        "filtering",
+        "forward",
+        "logging",
+        "models",
+        "rollout",
+        "viz",
+    },
+    "bootstrap": {"algos", "engines", "env", "forward", "models", "rollout"},
     "eval": {"engines", "env", "models", "rollout", "trainer", "viz"},
 }
 # Edges that no import statement shows: a part that loads plugins through an entry-point group reaches whatever
 # registers there. `vagen.env.make_env` finds the games (`vagen.envs`), and `vagen.models.registry` the model sources
 # built offline (`vagen.model_sources`: the tiny models and warm starts of vagen.bootstrap, whose stale-recipe rebuild
-# trains with vagen.trainer: a run-time path trainer -> models -> bootstrap -> trainer that no import shows).
+# trains with vagen.forward, never with vagen.trainer: `test_loading_a_model_never_reaches_the_trainer`).
 ENTRY_POINT_EDGES = {("env", "vagen.envs"): {"envs_visual"}, ("models", "vagen.model_sources"): {"bootstrap"}}
 
 
@@ -103,6 +115,20 @@ def test_the_parts_form_no_import_cycle():
         assert ready, f"import cycle among {sorted(edges)}"
         order += ready
         edges = {part: targets for part, targets in edges.items() if part not in ready}
+
+
+def test_loading_a_model_never_reaches_the_trainer():
+    """Loading a model can build a warm start (the `vagen.model_sources` entry point: models -> bootstrap), so what
+    bootstrap reaches, entry points included, must not hold the trainer: the run-time circle trainer -> models ->
+    bootstrap -> trainer (SFT borrowing the trainer's forward) is gone."""
+    edges = {part: set(targets) for part, targets in EDGES.items()}
+    for (part, _), targets in ENTRY_POINT_EDGES.items():
+        edges[part] |= targets & set(EDGES)
+    reached, frontier = set(), {"bootstrap"}
+    while frontier:
+        reached |= frontier
+        frontier = set().union(*(edges[part] for part in frontier)) - reached
+    assert "models" in reached and "trainer" not in reached and "eval" not in reached
 
 
 def test_no_two_modules_of_vagen_import_each_other():

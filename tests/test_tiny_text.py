@@ -20,10 +20,11 @@ from vagen.bootstrap.tiny_text import (
     make_text_game,
     tiny_text_stamp,
 )
-from vagen.bootstrap.warmstart import SHIPPED_DIR, evaluate_model, held_out_seeds, read_report
+from vagen.bootstrap.warmstart import SHIPPED_DIR, evaluate_model, read_report
 from vagen.models.cache import read_stamp
 from vagen.models.chat_template import QWEN_VL_SPECIAL_TOKENS
 from vagen.models.processor import load_processor
+from vagen.rollout.validation import eval_seeds
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 TEXT_ENVS = sorted(Path(p).stem for p in glob.glob(str(CONFIGS / "env" / "*_text.yaml")))
@@ -105,12 +106,13 @@ def test_shipped_tiny_text_is_the_current_recipe_and_replays_its_report(tmp_path
     assert (folder / "model.safetensors").stat().st_size <= 20 * 2**20
     report = read_report(folder)
     model, tokenizer = load_tiny_text_lm(folder)
-    seeds = held_out_seeds(report["recipe"]["eval_episodes"])
+    episodes = report["recipe"]["eval_episodes"]
     games = {report["env"]: report, **report["other_games"]}
     assert list(games) == list(TEXT_GAMES)
     for name, block in games.items():
-        greedy = evaluate_model(model, tokenizer, seeds, 0.0, report["recipe"]["max_new_tokens"],
+        assert block["eval"]["seeds"] == [eval_seeds(episodes)[0], eval_seeds(episodes)[-1]]
+        greedy = evaluate_model(model, tokenizer, episodes, 0.0, report["recipe"]["max_new_tokens"],
                                 lambda name=name: make_text_game(name), name)  # fmt: skip
         for key in ("success", "format_ok"):
-            assert abs(greedy[key] - block["eval"]["greedy"][key]) <= 3 / len(seeds), (name, key)
+            assert abs(greedy[key] - block["eval"]["greedy"][key]) <= 3 / episodes, (name, key)
         assert block["eval_before"]["greedy"]["format_ok"] < block["eval"]["greedy"]["format_ok"]

@@ -325,7 +325,7 @@ def test_explained_variance_is_one_number_from_rollout_time_values(monkeypatch):
 def test_the_trainer_scores_the_distribution_it_sampled_from(overrides):
     """At rollout.temperature=0.7 the PPO log-probs are log softmax(logits / 0.7) of the sampled ids, not the
     model's T = 1 distribution, and they equal the log-probs the engine reported while sampling."""
-    from vagen.trainer.forward import batched_logprobs
+    from vagen.forward import batched_logprobs
 
     trainer = StarPOTrainer(config([*overrides, "rollout.temperature=0.7"]))
     batch = starpo.trajectories_to_batch(
@@ -552,7 +552,7 @@ def test_a_right_padded_batch_is_scored_without_a_mask_to_the_same_numbers(overr
     """The trainer's batches pad at the ends of rows, where causal attention never looks back: the forward drops the
     mask (so the kernel skips the masked half) and real positions get the masked path's hidden states and
     gradients."""
-    from vagen.trainer.forward import model_inputs
+    from vagen.forward import model_inputs
 
     trainer = StarPOTrainer(config(overrides))
     batch = starpo.trajectories_to_batch(

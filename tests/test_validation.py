@@ -85,11 +85,11 @@ def test_run_validates_at_start_every_k_and_end_and_prints_the_held_out_line(tmp
 
 
 def bench_learning():
-    """scripts/bench_learning.py as a module."""
+    """research/bench_learning.py as a module."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_learning.py"
+    path = Path(__file__).resolve().parent.parent / "research" / "bench_learning.py"
     spec = importlib.util.spec_from_file_location("bench_learning", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

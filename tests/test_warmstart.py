@@ -20,7 +20,6 @@ from vagen.bootstrap.warmstart import (
     backward_sft_batch,
     build_warm_tiny_vl,
     evaluate_model,
-    held_out_seeds,
     make_frozenlake_visual,
     make_sokoban_visual,
     pretrain_vision,
@@ -35,6 +34,7 @@ from vagen.env import make_env
 from vagen.env.policies import RELATIVE_DIRECTIONS
 from vagen.models.cache import read_stamp
 from vagen.rollout import DialogueFormatter, trajectories_to_batch
+from vagen.rollout.validation import eval_seeds
 
 TEST_RECIPE = WarmStartRecipe(
     size="test",
@@ -223,7 +223,7 @@ def test_micro_batches_accumulate_the_whole_batch_gradient_and_loss(tiny_vl, for
 def test_cached_build_is_reused_and_reports(tmp_path):
     folder = build_warm_tiny_vl(tmp_path, TEST_RECIPE)
     report = read_report(folder)
-    assert report["eval"]["seeds"] == [held_out_seeds(2)[0], held_out_seeds(2)[-1]]
+    assert report["eval"]["seeds"] == [eval_seeds(2)[0], eval_seeds(2)[-1]]
     assert {"greedy", "temperature_0.5", "random", "solver"} <= set(report["eval"])
     assert 0.0 <= report["eval"]["greedy"]["success"] <= 1.0 and report["eval"]["solver"]["success"] == 1.0
     built_at = (folder / "model.safetensors").stat().st_mtime_ns
@@ -244,16 +244,17 @@ def test_shipped_tiny_vl_is_the_current_recipe_and_plays_as_its_report_says(tmp_
     assert not list(tmp_path.glob("warm-*"))
     report = read_report(folder)
     model, processor = load_tiny_vl(folder)
-    seeds = held_out_seeds(report["recipe"]["eval_episodes"])
-    greedy = evaluate_model(model, processor, seeds, 0.0, report["recipe"]["max_new_tokens"])
-    assert abs(greedy["success"] - report["eval"]["greedy"]["success"]) <= 3 / len(seeds)
+    episodes = report["recipe"]["eval_episodes"]
+    assert report["eval"]["seeds"] == [eval_seeds(episodes)[0], eval_seeds(episodes)[-1]]
+    greedy = evaluate_model(model, processor, episodes, 0.0, report["recipe"]["max_new_tokens"])
+    assert abs(greedy["success"] - report["eval"]["greedy"]["success"]) <= 3 / episodes
     assert greedy["success"] > 2 * report["eval"]["random"]["success"]
 
 
 @pytest.mark.slow(seconds=590)
-def test_shipped_smollm2_text_default_is_its_recipe_and_plays_as_its_report_says():
-    """`model=smollm2_135m` (the text default) is SmolLM2-135M-Instruct + the shipped sokoban_text adapter: the
-    adapter's report holds the recipe of `SMOLLM2_TEXT_SFT` on the base `model=smollm2_135m_base`, and the folded
+def test_shipped_smollm2_text_option_is_its_recipe_and_plays_as_its_report_says():
+    """`model=smollm2_135m` (the pretrained text option) is SmolLM2-135M-Instruct + the shipped sokoban_text adapter:
+    the adapter's report holds the recipe of `SMOLLM2_TEXT_SFT` on the base `model=smollm2_135m_base`, and the folded
     model replays the report's greedy held-out success and format-ok (within 2 of its 32 episodes: CPU float
     reductions differ with the thread count)."""
     from hydra import compose, initialize_config_dir
@@ -275,11 +276,12 @@ def test_shipped_smollm2_text_default_is_its_recipe_and_plays_as_its_report_says
     assert default.model.source == "smollm2_warm"
     policy = load_policy(default.model.name, default.model.source, default.model.modality, dtype="float32")
     kwargs = OmegaConf.to_container(default.env.kwargs)
-    seeds = held_out_seeds(report["recipe"]["eval_episodes"])
-    greedy = evaluate_model(policy.model.eval(), policy.tokenizer, seeds, 0.0, report["recipe"]["max_new_tokens"],
+    episodes = report["recipe"]["eval_episodes"]
+    assert report["eval"]["seeds"] == [eval_seeds(episodes)[0], eval_seeds(episodes)[-1]]
+    greedy = evaluate_model(policy.model.eval(), policy.tokenizer, episodes, 0.0, report["recipe"]["max_new_tokens"],
                             make=lambda: make_env(default.env.id, **kwargs), env_name="sokoban_text")  # fmt: skip
     for key in ("success", "format_ok"):
-        assert abs(greedy[key] - report["eval"]["greedy"][key]) <= 2 / len(seeds), key
+        assert abs(greedy[key] - report["eval"]["greedy"][key]) <= 2 / episodes, key
 
 
 @pytest.mark.parametrize(

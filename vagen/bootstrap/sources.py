@@ -37,9 +37,10 @@ def tiny_vl_source(path: str | None, size: str | None) -> str:
     return str(build_warm_tiny_vl(recipe=recipe))
 
 
-# The text default's warm start: a LoRA adapter (9.8 MB) on SmolLM2-135M-Instruct trained on noisy solver play of
-# sokoban_text, shipped with its report.json. One SFT step takes ~30 s on 2 CPU cores, so it is not rebuilt at
-# run time; these `scripts/sft.py` overrides made it (a test checks them against the shipped report's recipe).
+# The pretrained text option's warm start (model=smollm2_135m): a LoRA adapter (9.8 MB) on SmolLM2-135M-Instruct
+# trained on noisy solver play of sokoban_text, shipped with its report.json. One SFT step takes ~30 s on 2 CPU
+# cores, so it is not rebuilt at run time; these `scripts/sft.py` overrides made it (a test checks them against the
+# shipped report's recipe).
 SMOLLM2_TEXT_FOLDER = SHIPPED_DIR / "smollm2-135m-sokoban-text"
 SMOLLM2_TEXT_SFT = [
     "env=sokoban_text",

@@ -33,17 +33,17 @@ from tqdm.auto import tqdm
 from vagen.algos.losses import aggregation_share
 from vagen.bootstrap.demos import Demo, demonstrations, sft_batch
 from vagen.bootstrap.tiny import build_tiny_vl, load_tiny_vl
-from vagen.engines.base import SamplingParams
+from vagen.engines.base import derive_seed
 from vagen.engines.hf import HFEngine
 from vagen.env import make_env
 from vagen.env.policies import POLICIES, RELATIVE_DIRECTIONS, relative_direction
+from vagen.forward import policy_forward
 from vagen.models.cache import build_once, cache_root, read_stamp
 from vagen.models.precision import emulated_bf16_warning
 from vagen.models.processor import save_processor
-from vagen.rollout import DialogueFormatter, RolloutSpec, collect_rollouts
+from vagen.rollout import DialogueFormatter
 from vagen.rollout.batch import TokenBatch
-from vagen.rollout.validation import episode_metrics
-from vagen.trainer.forward import policy_forward
+from vagen.rollout.validation import episode_metrics, eval_seeds, validation_episodes
 
 # Bump when anything below changes what a build produces (think text, masking, evaluation), so caches rebuild.
 WARMSTART_VERSION = 3  # 3: tiny_vl is warm-started on FrozenLake as well as Sokoban
@@ -68,7 +68,6 @@ FROZENLAKE_VISUAL = {  # configs/env/frozenlake_visual.yaml
     "max_actions_per_turn": 3,
     "response_format": "free_think",
 }
-HELD_OUT_FIRST_SEED = 1_000_000  # training seeds are 0..train_episodes-1: never overlapping
 # Finished builds committed with the package (weights, processor, report.json and the stamp of the recipe that
 # built them), so first contact skips the ~25-minute build; used only while the recipe is unchanged.
 # The tiny_vl recipe's games: configs/env/sokoban_visual.yaml, then configs/env/frozenlake_visual.yaml.
@@ -97,7 +96,7 @@ class WarmStartRecipe:
     vision_batch_size: int = 64  # images per vision pre-training step
     vision_lr: float = 3e-3
     vision_lr_scale: float = 0.0  # vision tower's SFT learning rate relative to `lr` (0: frozen after pre-training)
-    eval_episodes: int = 128  # held-out seeds HELD_OUT_FIRST_SEED.. for the report
+    eval_episodes: int = 128  # the report's held-out episodes: the evaluator's seeds 1e9 + k (`eval_seeds`)
     eval_temperature: float = 0.5
     max_new_tokens: int = 48
 
@@ -324,29 +323,37 @@ EnvFactory = Callable[[], Any]
 def evaluate_model(
     model: torch.nn.Module,
     processor: Any,
-    seeds: list[int],
+    episodes: int,
     temperature: float,
     max_new_tokens: int = 48,
     make: EnvFactory | None = None,
     env_name: str = "sokoban_visual",
 ) -> dict[str, float]:
-    """Success rate, format-ok rate (over turns) and mean turns of the model on `seeds` of `make` (sokoban_visual)."""
+    """Success rate, format-ok rate (over turns) and mean turns of the model on the first `episodes` held-out
+    episodes of `make` (sokoban_visual): the trainer's validation episodes, which `scripts/evaluate.py` plays too."""
     tokenizer, image_processor = getattr(processor, "tokenizer", processor), getattr(processor, "image_processor", None)
-    formatter = DialogueFormatter(tokenizer, image_processor)
-    spec = RolloutSpec(group_seeds=list(seeds), group_size=1, max_context_tokens=4096, env_name=env_name)
-    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=1234)
-    engine = HFEngine(model, image_processor or tokenizer)
-    trajectories = collect_rollouts(make or make_sokoban_visual, engine, formatter, spec, sampling)
+    trajectories = validation_episodes(
+        make or make_sokoban_visual,
+        HFEngine(model, image_processor or tokenizer),
+        DialogueFormatter(tokenizer, image_processor),
+        episodes=range(episodes),
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        max_context_tokens=4096,
+        env_name=env_name,
+    )
     metrics = episode_metrics(trajectories)
     return {key: metrics[key] for key in ("success", "format_ok", "turns")}
 
 
-def evaluate_scripted(policy: str, seeds: list[int], seed: int = 0, make: EnvFactory | None = None) -> dict[str, float]:
-    """Success rate of a built-in policy (`random`, `solver`) on `seeds` of `make` (sokoban_visual)."""
+def evaluate_scripted(policy: str, episodes: int, make: EnvFactory | None = None) -> dict[str, float]:
+    """Success rate of a built-in policy (`random`, `solver`) on the first `episodes` held-out seeds of `make`
+    (sokoban_visual). Episode k's random stream is keyed by (k, its env seed), as `scripts/evaluate.py` keys it."""
     env = make() if make is not None else make_sokoban_visual(observation="text")
-    act, rng = POLICIES.get(policy), np.random.default_rng(seed)
+    act = POLICIES.get(policy)
     successes = []
-    for episode_seed in seeds:
+    for index, episode_seed in enumerate(eval_seeds(episodes)):
+        rng = np.random.default_rng(derive_seed(index, episode_seed))
         env.reset(seed=episode_seed)
         done, info = False, {"success": False}
         while not done:
@@ -359,11 +366,6 @@ def evaluate_scripted(policy: str, seeds: list[int], seed: int = 0, make: EnvFac
     return {"success": float(np.mean(successes))}
 
 
-def held_out_seeds(count: int) -> list[int]:
-    """Evaluation seeds, disjoint from every training seed."""
-    return list(range(HELD_OUT_FIRST_SEED, HELD_OUT_FIRST_SEED + count))
-
-
 def evaluate_all(
     model: torch.nn.Module,
     processor: Any,
@@ -373,12 +375,13 @@ def evaluate_all(
     scripted: bool = True,
 ) -> dict[str, Any]:
     """The report's evaluation block: the model greedy and at the recipe's temperature (and random, solver)."""
-    seeds = held_out_seeds(recipe.eval_episodes)
+    episodes = recipe.eval_episodes
+    seeds = eval_seeds(episodes)
     # A bar per pass: an untrained model writes max_new_tokens every turn, so a pass can take minutes.
-    bar = tqdm(total=2, desc=f"held-out evaluation on {env_name} ({len(seeds)} episodes per pass)", unit="pass")
+    bar = tqdm(total=2, desc=f"held-out evaluation on {env_name} ({episodes} episodes per pass)", unit="pass")
 
     def model_at(temperature: float) -> dict[str, float]:
-        result = evaluate_model(model, processor, seeds, temperature, recipe.max_new_tokens, make, env_name)
+        result = evaluate_model(model, processor, episodes, temperature, recipe.max_new_tokens, make, env_name)
         bar.update(1)
         return result
 
@@ -389,8 +392,8 @@ def evaluate_all(
     }
     bar.close()
     if scripted:
-        block["random"] = evaluate_scripted("random", seeds, make=make)
-        block["solver"] = evaluate_scripted("solver", seeds, make=make)
+        block["random"] = evaluate_scripted("random", episodes, make=make)
+        block["solver"] = evaluate_scripted("solver", episodes, make=make)
     return block
 
 

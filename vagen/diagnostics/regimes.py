@@ -30,7 +30,7 @@ def default_mi_threshold(num_prompts: int, fraction: float = DEFAULT_MI_FRACTION
 
     Every MI proxy of `vagen.diagnostics.mi` is <= log B, so a fraction of it is comparable across
     batch sizes. 0.1 · log B flags MI that has lost 90% of the headroom. Measured with
-    scripts/bench_mi_regimes.py (B = 16, warm tiny_vl on sokoban_visual): per-token MI-Est of the
+    research/bench_mi_regimes.py (B = 16, warm tiny_vl on sokoban_visual): per-token MI-Est of the
     healthy policy is 0.39 · log B (first turn) and 0.30 · log B (trajectory); with its image tokens
     made uninformative (template collapse by construction) it is 0.000 and 0.019 · log B. The 0.1
     rule separates the two with a wide margin there; a model whose healthy reasoning sits nearer the

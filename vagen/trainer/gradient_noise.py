@@ -1,4 +1,4 @@
-"""The gradient noise scale of a learner's update at its current weights (`scripts/grad_noise.py`).
+"""The gradient noise scale of a learner's update at its current weights (`research/grad_noise.py`).
 
 Plays `groups` prompt groups as training would, computes the update's gradient on each group alone (the learner's own
 loss, advantages from the whole measured batch; `Learner.score` and `Learner.gradient`), and feeds fold sums of them to

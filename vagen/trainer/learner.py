@@ -52,6 +52,7 @@ from vagen.diagnostics.scoring import ScoringJob, cross_scores, image_probe
 from vagen.engines import EngineSource, SamplingParams, build_engine
 from vagen.engines.base import derive_seed
 from vagen.env import make_env
+from vagen.forward import batched_logprobs, critic_forward, policy_forward
 from vagen.models.checkpointing import enable_gradient_checkpointing, recomputing
 from vagen.models.lora import adapters_disabled, add_lora, lora_kwargs, merged_state_dict
 from vagen.models.precision import emulated_bf16_warning
@@ -69,7 +70,6 @@ from vagen.rollout.validation import eval_seeds, validation_episodes
 from vagen.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from vagen.trainer.config import check_prompt_fits, warn_without_state_key
 from vagen.trainer.data_parallel import DataParallel
-from vagen.trainer.forward import batched_logprobs, critic_forward, policy_forward
 from vagen.trainer.memory_plan import plan_run
 
 SAMPLING_STREAM, SHUFFLE_STREAM = 0, 1  # derive_seed(run seed, iteration, stream): one seed per use

@@ -23,7 +23,7 @@ H hidden, I MLP width, kv = kv_heads·head_dim, V vocabulary.
                on a Qwen2 layer (HF, SDPA, fp32): it keeps 15.0·H + 3·kv + 4·I per token.
                With gradient checkpointing only each layer's input is kept (H·a per token per layer) plus one layer's
                full set during its recomputation: (L·H + 2H + per-layer)·b·s·a.
-               Plus the LM head on sampled tokens only (`vagen.trainer.forward`): 8 fp32 [b·n, V] tensors at its
+               Plus the LM head on sampled tokens only (`vagen.forward`): 8 fp32 [b·n, V] tensors at its
                backward, the first of the pass, while every layer's activations are still held (the forward keeps
                logits, log-softmax, the entropy's softmax and product, ~4.6; their gradients add ~3, measured by peak
                RSS on CPU), and the vision tower on image patches

@@ -1,4 +1,4 @@
-"""Is one update's gradient more signal than noise? `python scripts/grad_noise.py env=sokoban_visual [train options]`.
+"""Is one update's gradient more signal than noise? `python research/grad_noise.py env=sokoban_visual [train options]`.
 
 Measures the gradient noise scale (McCandlish et al. 2018) of the update `scripts/train.py` would make with the same
 options, at the model's weights (`model=`, or `model.source=pretrained model.path=<folder>`): the critical batch in

@@ -1,5 +1,8 @@
 """Teacher-forced forward passes over a `TokenBatch`: log-probs, entropies and values of sampled tokens.
 
+Shared by the trainer's update and the supervised warm starts (vagen.bootstrap), so that building a warm start never
+needs the trainer.
+
 Only the positions that predict a sampled token go through the LM head, so memory is
 O(sampled tokens × vocab) instead of O(all tokens × vocab): observations and images can be long.
 """

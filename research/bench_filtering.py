@@ -1,6 +1,6 @@
 """Cost of SNR-aware filtering and of the MI diagnostics, measured side by side in one run.
 
-    python scripts/bench_filtering.py [hydra overrides, e.g. model=tiny_vl env=sokoban_visual] [repeats=3]
+    python research/bench_filtering.py [hydra overrides, e.g. model=tiny_vl env=sokoban_visual] [repeats=3]
 
 One rollout batch is collected once (a fixed rollout budget). On copies of the same starting
 weights, the update is then timed on the whole batch (filter=none) and on the groups top_p keeps,

@@ -1,6 +1,6 @@
 """Learning curves in episodes: held-out success against training episodes, per arm and training seed, resumable.
 
-    python scripts/bench_learning.py [arms=grpo,gigpo,starpo_s,gigpo_plr] [seeds=0,1,2] [episodes=10000]
+    python research/bench_learning.py [arms=grpo,gigpo,starpo_s,gigpo_plr] [seeds=0,1,2] [episodes=10000]
                                      [eval_at=0,1000,2500,5000,10000] [eval_episodes=256] [jobs=1]
                                      [paired_samples=0] [out=outputs/bench_learning]
                                      [hydra overrides for scripts/train.py ...]

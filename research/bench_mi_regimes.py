@@ -1,6 +1,6 @@
 """Where the MI regime thresholds should sit: MI proxies of a healthy policy and of a collapsed one, side by side.
 
-    python scripts/bench_mi_regimes.py [groups=16] [group_size=4] [seed=0]
+    python research/bench_mi_regimes.py [groups=16] [group_size=4] [seed=0]
 
 Healthy: the shipped warm tiny_vl on sokoban_visual, whose reasoning names where the box and the target are,
 so it depends on the (image-only) input. Collapsed: the same weights with the vision merger's output layer
