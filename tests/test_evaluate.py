@@ -70,6 +70,8 @@ def test_two_envs_tiny_models_and_random_policy(tmp_path):
 
     record = json.loads((tmp_path / "tiny_vl_test/frozenlake_visual/episodes/ep00001_seed1000000001.json").read_text())
     assert record["seed"] == EVAL_SEED_BASE + 1 and record["turns"] == len(record["actions"]) == len(record["rewards"])
+    final = record["final_observation"]  # the state it ended in, which its GIF draws (no env is stepped again)
+    assert "Current state" in final["content"] and final["images"] == ["../images/ep00001_final_0.png"]
     roles = [m["role"] for m in record["messages"]]
     assert roles[0] == "system" and roles[1:] == ["user", "assistant"] * record["turns"]
     image = Image.open(tmp_path / "tiny_vl_test/frozenlake_visual/episodes" / record["messages"][1]["images"][0])

@@ -9,9 +9,11 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 
 from envs_text.sokoban import SokobanTextEnv
+from vagen.engines.base import derive_seed
 from vagen.env import RESPONSE_FORMATS, make_env, parse_response
 from vagen.env.policies import POLICIES, format_response
-from vagen.viz import EpisodeRecord, compose_frames, episode_gif, play_episode, save_episode_gif
+from vagen.eval.api_rollout import play_chat_episodes, policy_responder
+from vagen.viz import EpisodeRecord, compose_frames, episode_gif, play_episode, recorded_episode, save_episode_gif
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,6 +77,27 @@ def test_text_only_env_still_gets_a_gif(tmp_path):
     path = episode_gif(record.frames, record.captions(), tmp_path / "text.gif")
     with Image.open(path) as gif:
         assert gif.n_frames == 3
+
+
+@pytest.mark.parametrize("observation", ["image", "text"])
+def test_an_episode_drawn_from_its_record_is_the_episode_played(observation):
+    """GIFs of training rollouts and evaluation records are drawn from what was recorded (each turn's observation and
+    the state the episode ended in), stepping no env: for image observations, the same frames as playing it live."""
+    make = lambda: make_env("vagen/Sokoban-v0", observation=observation, max_turns=3)
+    (played,) = play_chat_episodes(make, [5], policy_responder("random"), None)
+    assert played.final_observation is not None and len(played.turns) == 3
+    states = [(t.observation, t.images) for t in played.turns] + [(played.final_observation, played.final_images)]
+    turns = played.turns
+    drawn = recorded_episode(
+        5, states, [t.response for t in turns], [t.info["actions"] for t in turns], [t.reward for t in turns], False
+    )
+    live = play_episode(make(), "random", seed=5, rng=np.random.default_rng(derive_seed(0, 5)))
+    assert drawn.responses == live.responses and drawn.thinks == live.thinks and drawn.rewards == live.rewards
+    assert drawn.captions() == live.captions() and len(drawn.frames) == len(live.frames) == 4
+    if observation == "image":
+        assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(drawn.frames, live.frames, strict=True))
+    with pytest.raises(ValueError, match="turns \\+ 1"):
+        recorded_episode(5, states[:-1], drawn.responses, drawn.actions, drawn.rewards, False)
 
 
 @pytest.mark.parametrize("response_format", RESPONSE_FORMATS)

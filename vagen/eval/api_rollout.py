@@ -82,6 +82,8 @@ def _advance(episode: LiveEpisode, reply: Reply) -> None:
     if terminated or truncated:
         reason = "success" if info.get("success") else ("terminated" if terminated else "max_turns")
         episode.result.end_reason, episode.done = reason, True
+        episode.result.final_observation = next_observation.text
+        episode.result.final_images = list(next_observation.images)
         return
     episode.messages.append({"role": "user", "content": next_observation.text, "images": list(next_observation.images)})
     episode.pending = next_observation

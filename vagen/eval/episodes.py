@@ -49,6 +49,8 @@ class EpisodeResult:
     end_reason: str = ""
     error: str | None = None
     wall_time_s: float = 0.0
+    final_observation: str | None = None  # the state the episode ended in (None: it ended on an error)
+    final_images: list[Image.Image] = field(default_factory=list)
 
     @property
     def success(self) -> bool:
@@ -69,7 +71,14 @@ def from_trajectory(trajectory: Trajectory, system_prompt: str) -> EpisodeResult
         )
         for turn in trajectory.turns
     ]
-    return EpisodeResult(trajectory.seed, system_prompt, turns, end_reason=trajectory.end_reason)
+    return EpisodeResult(
+        trajectory.seed,
+        system_prompt,
+        turns,
+        end_reason=trajectory.end_reason,
+        final_observation=trajectory.final_observation,
+        final_images=list(trajectory.final_images),
+    )
 
 
 def _json_value(value: Any) -> Any:
@@ -86,9 +95,16 @@ def _json_value(value: Any) -> Any:
 
 
 def episode_record(
-    episode: EpisodeResult, *, model: str, env: str, index: int, image_paths: list[list[str]]
+    episode: EpisodeResult,
+    *,
+    model: str,
+    env: str,
+    index: int,
+    image_paths: list[list[str]],
+    final_image_paths: list[str] = (),
 ) -> dict[str, Any]:
-    """The JSON-ready record of one episode; `image_paths[t]` are turn t's images as saved (relative paths).
+    """The JSON-ready record of one episode; `image_paths[t]` are turn t's images as saved (relative paths), and
+    `final_image_paths` those of the state it ended in (`final_observation`, which its GIF draws).
 
     Counts the summary needs are stored per episode: `format_ok_turns` (well-formed answers),
     `invalid_action_turns` (well-formed answers naming an action the game refused).
@@ -123,6 +139,9 @@ def episode_record(
         "finish_reasons": [t.finish_reason for t in turns],
         "infos": [_json_value(t.info) for t in turns],
         "messages": messages,
+        "final_observation": None
+        if episode.final_observation is None
+        else {"content": episode.final_observation, "images": list(final_image_paths)},
     }
 
 
@@ -181,4 +200,7 @@ def record_problem(record: Any) -> str | None:
     solved = record["error"] is None and turns > 0 and bool(record["infos"][-1].get("success", False))
     if record["success"] != solved:
         return f"success={record['success']} disagrees with its error and last turn's info"
+    final = record.get("final_observation")  # absent in records written before it was kept: their GIFs lack it
+    if final is not None and not (_is_message(final | {"role": "user"}) and isinstance(final.get("images"), list)):
+        return f"final_observation is not a message ({final!r:.60})"
     return None

@@ -23,6 +23,7 @@ from typing import Any
 
 import gymnasium
 from omegaconf import DictConfig, OmegaConf
+from PIL import Image
 
 from vagen.engines.api import ApiEngine, check_api_key_env, check_base_url, redact_secrets
 from vagen.engines.base import EngineSource, SamplingParams, build_engine
@@ -35,7 +36,7 @@ from vagen.eval.summary import markdown_table, plot_success, summarize_cell, wri
 from vagen.rollout import DialogueFormatter, RolloutSpec, collect_rollouts
 from vagen.rollout.context import DEFAULT_SYSTEM_PROMPT
 from vagen.rollout.validation import eval_seeds
-from vagen.viz.gif import replay_episode, save_episode_gif
+from vagen.viz.gif import EpisodeRecord, recorded_episode, save_episode_gif
 
 logger = logging.getLogger(__name__)
 
@@ -232,20 +233,34 @@ def _play_batch(
         return [EpisodeResult(seed, None, end_reason="error", error=message) for seed in seeds]
 
 
-def write_gifs(store: CellStore, env_cfg: dict[str, Any], records: list[dict[str, Any]], cfg: DictConfig) -> None:
-    """GIFs of the first `gif_episodes` episodes, replayed from their stored responses (envs are
-    deterministic given seed and responses); existing GIFs are kept."""
+def recorded_gif_episode(store: CellStore, record: dict[str, Any]) -> EpisodeRecord | None:
+    """The GIF episode of a stored record, drawn from its recorded observations and images; None for a record
+    without the state it ended in (it ended on an error, or was written before final states were kept)."""
+    final = record.get("final_observation")
+    if final is None:
+        return None
+    episodes = store.episode_path(record["index"], record["seed"]).parent
+    users = [m for m in record["messages"] if m["role"] == "user"] + [final]
+    observations = [(m["content"], [Image.open(episodes / p).convert("RGB") for p in m["images"]]) for m in users]
+    responses = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
+    return recorded_episode(
+        record["seed"], observations, responses, record["actions"], record["rewards"], record["success"]
+    )
+
+
+def write_gifs(store: CellStore, records: list[dict[str, Any]], cfg: DictConfig) -> None:
+    """GIFs of the first `gif_episodes` episodes, drawn from their records (no env is stepped again); existing
+    GIFs are kept."""
     for record in records[: int(cfg.gif_episodes)]:
         path = store.gif_path(record["index"], record["seed"])
         if path.exists() or not record["turns"]:
             continue
-        responses = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
-        env = make_env(env_cfg["id"], **env_cfg["kwargs"])
-        replayed = replay_episode(env, responses, record["seed"])
-        if [round(r, 6) for r in replayed.rewards] != [round(r, 6) for r in record["rewards"]]:
-            logger.warning("Replaying %s gave other rewards than recorded; the GIF may not show the episode.", path)
+        episode = recorded_gif_episode(store, record)
+        if episode is None:
+            logger.warning("%s has no recorded final state; no GIF for it.", path.name)
+            continue
         temp = path.with_name(f".tmp-{path.name}")
-        save_episode_gif(replayed, temp, seconds_per_frame=float(cfg.gif_seconds_per_frame))
+        save_episode_gif(episode, temp, seconds_per_frame=float(cfg.gif_seconds_per_frame))
         temp.replace(path)
 
 
@@ -272,7 +287,7 @@ def run_cell(
                 store.write(result, index)
     records = [store.load(k, s) for k, s in enumerate(seeds)]
     assert all(r is not None for r in records), "every episode was just written or already on disk"
-    write_gifs(store, env_cfg, records, cfg)
+    write_gifs(store, records, cfg)
     return summarize_cell(spec.label, env_cfg["name"], records)
 
 

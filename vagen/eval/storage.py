@@ -3,6 +3,7 @@
     <cell>/settings.json                      what produced these episodes (checked on every re-run)
     <cell>/episodes/ep00003_seed1000000003.json
     <cell>/images/ep00003_turn1_0.png         turn 1's first image, referred to from the JSON's messages
+    <cell>/images/ep00003_final_0.png         the image of the state the episode ended in (final_observation)
     <cell>/gifs/ep00003_seed1000000003.gif
 
 An episode file is written to a temp file and renamed into place (`os.replace`), so a file that
@@ -129,16 +130,25 @@ class CellStore:
 
     def write(self, episode: EpisodeResult, index: int) -> dict[str, Any]:
         """Save the episode's images, then its JSON record (atomically); return the record."""
-        image_paths = []
-        for turn_index, turn in enumerate(episode.turns):
+
+        def save(images: list[Any], name: str) -> list[str]:
             paths = []
-            for image_index, image in enumerate(turn.images):
-                relative = Path("images") / f"ep{index:05d}_turn{turn_index}_{image_index}.png"
+            for image_index, image in enumerate(images):
+                relative = Path("images") / f"ep{index:05d}_{name}_{image_index}.png"
                 (self.folder / "images").mkdir(parents=True, exist_ok=True)
                 image.save(self.folder / relative)
                 paths.append(str(Path("..") / relative))  # relative to the JSON file's folder
-            image_paths.append(paths)
-        record = episode_record(episode, model=self.model, env=self.env, index=index, image_paths=image_paths)
+            return paths
+
+        image_paths = [save(turn.images, f"turn{turn_index}") for turn_index, turn in enumerate(episode.turns)]
+        record = episode_record(
+            episode,
+            model=self.model,
+            env=self.env,
+            index=index,
+            image_paths=image_paths,
+            final_image_paths=save(episode.final_images, "final"),
+        )
         text = json.dumps(record, indent=1, ensure_ascii=False)
         # Lone UTF-16 surrogates (invalid Unicode an env or server may pass on) cannot be encoded as UTF-8; inside
         # JSON strings, where alone they can be, backslashreplace writes them as the escapes that read them back.

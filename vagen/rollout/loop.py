@@ -108,7 +108,8 @@ def collect_rollouts(
 
 def _end_for_budget(episode: _Episode) -> None:
     trajectory = episode.trajectory
-    trajectory.turns.pop()  # its observation never got a response
+    dropped = trajectory.turns.pop()  # its observation never got a response: the state the episode ended in
+    trajectory.final_observation, trajectory.final_images = dropped.observation, dropped.images
     trajectory.truncated, trajectory.end_reason, episode.done = True, "context_budget", True
     if not trajectory.turns:
         raise ValueError(
@@ -132,6 +133,7 @@ def _advance(episode: _Episode, generation, formatter: DialogueFormatter) -> Non
         trajectory = episode.trajectory
         trajectory.terminated, trajectory.truncated = terminated, truncated
         trajectory.end_reason = "success" if info["success"] else ("terminated" if terminated else "max_turns")
+        trajectory.final_observation, trajectory.final_images = obs.text, list(obs.images)
         episode.done = True
         return
     prompt = _prompt_ids(formatter.next_prompt, obs, episode.trajectory)

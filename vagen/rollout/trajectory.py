@@ -49,6 +49,9 @@ class Trajectory:
     terminated: bool = False
     truncated: bool = False
     end_reason: str = ""
+    # The state the episode ended in: the observation after the last turn (GIFs draw it; never trained on).
+    final_observation: str = ""
+    final_images: list[Image.Image] = field(default_factory=list)
 
     @property
     def total_reward(self) -> float:

@@ -12,14 +12,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from vagen.env import make_env
 from vagen.logging import MetricsLogger, ProgressBar, read_metrics
 from vagen.logging.sinks import METRICS_FILENAME
 from vagen.rollout import Trajectory
 from vagen.trainer.checkpoint import is_disk_full, latest_checkpoint, verify_checkpoint
 from vagen.trainer.lock import run_dir_lock
 from vagen.trainer.starpo import StarPOTrainer, run_fingerprint
-from vagen.viz.gif import replay_episode, save_episode_gif
+from vagen.viz.gif import recorded_episode, save_episode_gif
 
 
 def resume_point(cfg: DictConfig) -> Path | None:
@@ -74,13 +73,15 @@ def trained(cfg: DictConfig) -> StarPOTrainer:
     return trainer
 
 
-def save_sample_gifs(trajectories: list[Trajectory], cfg: DictConfig, folder: Path) -> list[Path]:
-    """Replay sampled episodes (envs are deterministic per seed and responses) and write their GIFs."""
+def save_sample_gifs(trajectories: list[Trajectory], folder: Path) -> list[Path]:
+    """GIFs of sampled episodes, drawn from what their trajectories recorded (no env is stepped again)."""
     paths = []
-    for index, trajectory in enumerate(trajectories):
-        env = make_env(cfg.env.id, **cfg.env.kwargs)
-        record = replay_episode(env, [turn.response_text for turn in trajectory.turns], trajectory.seed)
-        paths.append(save_episode_gif(record, folder / f"episode{index}_seed{trajectory.seed}.gif"))
+    for index, t in enumerate(trajectories):
+        states = [(turn.observation, turn.images) for turn in t.turns] + [(t.final_observation, t.final_images)]
+        responses = [turn.response_text for turn in t.turns]
+        actions = [turn.info.get("actions", []) for turn in t.turns]
+        record = recorded_episode(t.seed, states, responses, actions, [turn.reward for turn in t.turns], t.success)
+        paths.append(save_episode_gif(record, folder / f"episode{index}_seed{t.seed}.gif"))
     return paths
 
 
@@ -215,7 +216,7 @@ def _train_locked(trainer: StarPOTrainer, cfg: DictConfig, checkpoint: Path | No
                 trainer.save(keep_last=every.keep_checkpoints)
             if every.viz_every and (trainer.iteration % every.viz_every == 0 or trainer.iteration == total):
                 sample = trainer.last_trajectories[: every.viz_episodes]
-                save_sample_gifs(sample, cfg, run_dir / "gifs" / f"iter_{trainer.iteration:06d}")
+                save_sample_gifs(sample, run_dir / "gifs" / f"iter_{trainer.iteration:06d}")
     except KeyboardInterrupt:
         last = latest_checkpoint(run_dir)
         # Printed even with the progress bar off: it is the one thing to know after Ctrl-C.

@@ -5,7 +5,7 @@ from vagen.viz.gif import (
     compose_frames,
     episode_gif,
     play_episode,
-    replay_episode,
+    recorded_episode,
     save_episode_gif,
     text_frame,
 )
@@ -15,7 +15,7 @@ __all__ = [
     "compose_frames",
     "episode_gif",
     "play_episode",
-    "replay_episode",
+    "recorded_episode",
     "save_episode_gif",
     "text_frame",
 ]

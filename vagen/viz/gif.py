@@ -1,12 +1,15 @@
 """Episode GIFs: each state's image with what the agent thought, did and earned underneath.
 
 `play_episode` runs one episode with a policy through the public env API and records every
-state's frame; `episode_gif` turns frames plus captions into an animated GIF. Frames are shown
+state's frame; `recorded_episode` draws an episode that was already played (a training rollout, an evaluation
+record) from its recorded observations, stepping no env; `episode_gif` turns frames plus captions into an
+animated GIF. Frames are shown
 at an explicit integer `scale` (nearest neighbour, so pixels stay crisp); nothing else resizes.
 """
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +25,7 @@ from vagen.env.parsing import parse_response
 from vagen.env.policies import POLICIES, Policy
 
 PANEL_BACKGROUND, PANEL_INK, STATE_MARKER = (250, 250, 247), (25, 25, 35), "Current state:"
+THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)  # the captions' reasoning, whatever the response format
 
 
 @lru_cache(maxsize=8)
@@ -121,11 +125,34 @@ def play_episode(
     return record
 
 
-def replay_episode(env: gymnasium.Env, responses: Sequence[str], seed: int) -> EpisodeRecord:
-    """Re-play recorded responses from `env.reset(seed=seed)`: envs are deterministic given the seed
-    and the responses, so this redraws an episode (for GIFs) from its text alone."""
-    remaining = iter(responses)
-    return play_episode(env, lambda env, rng: next(remaining), seed, max_turns=len(responses))
+def recorded_frame(text: str, images: Sequence[Image.Image]) -> Image.Image:
+    """The picture of a recorded observation: its first image, else its state text drawn as an image."""
+    if images:
+        return images[0].convert("RGB")
+    return text_frame(text.rsplit(STATE_MARKER, 1)[-1].strip())
+
+
+def recorded_episode(
+    seed: int,
+    observations: Sequence[tuple[str, Sequence[Image.Image]]],
+    responses: Sequence[str],
+    actions: Sequence[Sequence[str]],
+    rewards: Sequence[float],
+    success: bool,
+) -> EpisodeRecord:
+    """An episode drawn from what was recorded while it was played, with no env stepped again: `observations` are
+    (text, images) of each turn's state and then of the state it ended in, one more than `responses`."""
+    if len(observations) != len(responses) + 1:
+        raise ValueError(f"{len(observations)} recorded states for {len(responses)} turns; a GIF needs turns + 1.")
+    return EpisodeRecord(
+        seed=seed,
+        frames=[recorded_frame(text, images) for text, images in observations],
+        responses=list(responses),
+        thinks=[match.group(1).strip() if (match := THINK.search(r)) else "" for r in responses],
+        actions=[list(a) for a in actions],
+        rewards=[float(r) for r in rewards],
+        success=success,
+    )
 
 
 def _wrap(text: str, font: ImageFont.FreeTypeFont | ImageFont.ImageFont, width_px: float) -> list[str]:
