@@ -359,6 +359,18 @@ def test_a_built_model_folder_loads_only_as_it_was_built(damage, tmp_path, monke
         load_policy("tiny", "pretrained", "text", path=str(folder))
 
 
+def test_every_shipped_build_verifies_as_built():
+    """The folders shipped in the package hold exactly what their build markers list: a report re-measured or a
+    file touched by hand without its manifest rewritten would stop every run that loads the model."""
+    from vagen.bootstrap.warmstart import SHIPPED_DIR
+    from vagen.models.cache import COMPLETE_MARKER
+
+    built = sorted(marker.parent for marker in SHIPPED_DIR.glob(f"*/{COMPLETE_MARKER}"))
+    assert [folder.name for folder in built] == ["warm-tiny-text-default-seed0", "warm-tiny-vl-default-seed0"]
+    for folder in built:
+        verify_built_folder(folder)
+
+
 def test_bytes_to_unicode_is_a_printable_bijection():
     alphabet = bytes_to_unicode()
     assert len(set(alphabet.values())) == 256
