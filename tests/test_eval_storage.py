@@ -54,6 +54,8 @@ TAMPERED = {
     "tokens-is-text": {"response_tokens": "x"},
     "messages-not-list": {"messages": {"role": "user"}},
     "wall-time-nan": {"wall_time_s": float("nan")},
+    "final-observation-is-text": {"final_observation": "obs"},
+    "final-observation-without-images": {"final_observation": {"content": "obs"}},
 }
 
 

@@ -201,6 +201,8 @@ def record_problem(record: Any) -> str | None:
     if record["success"] != solved:
         return f"success={record['success']} disagrees with its error and last turn's info"
     final = record.get("final_observation")  # absent in records written before it was kept: their GIFs lack it
-    if final is not None and not (_is_message(final | {"role": "user"}) and isinstance(final.get("images"), list)):
+    if final is not None and not (
+        isinstance(final, dict) and isinstance(final.get("content"), str) and isinstance(final.get("images"), list)
+    ):
         return f"final_observation is not a message ({final!r:.60})"
     return None

@@ -3,8 +3,8 @@
 `play_episode` runs one episode with a policy through the public env API and records every
 state's frame; `recorded_episode` draws an episode that was already played (a training rollout, an evaluation
 record) from its recorded observations, stepping no env; `episode_gif` turns frames plus captions into an
-animated GIF. Frames are shown
-at an explicit integer `scale` (nearest neighbour, so pixels stay crisp); nothing else resizes.
+animated GIF. Frames are shown at an explicit integer `scale` (nearest neighbour, so pixels stay crisp); nothing
+else resizes.
 """
 
 from __future__ import annotations
@@ -79,13 +79,10 @@ def text_frame(text: str, font_px: int = 16) -> Image.Image:
 def state_frame(env: gymnasium.Env, observation: Observation) -> Image.Image:
     """The picture of the current state: the observation's image, else the game's renderer (a
     visual env run in text mode), else the state text drawn as an image."""
-    if observation.images:
-        return observation.images[0].convert("RGB")
     game = env.unwrapped
-    if getattr(game, "supports_images", False):
+    if not observation.images and getattr(game, "supports_images", False):
         return game._render_image().convert("RGB")
-    state = observation.text.rsplit(STATE_MARKER, 1)[-1].strip()
-    return text_frame(state)
+    return recorded_frame(observation.text, observation.images)
 
 
 def play_episode(
