@@ -15,7 +15,7 @@ import numpy as np
 
 from envs_text.limits import check_grid
 from vagen.env.base import ActionResult, LanguageEnv
-from vagen.env.observation import check_cell_separator
+from vagen.env.observation import check_cell_separator, check_list_positions, positions_line
 from vagen.env.policies import relative_direction
 
 ACTIONS = ("Left", "Down", "Right", "Up")  # Gymnasium's action ids 0..3, in that order
@@ -154,7 +154,8 @@ class FrozenLakeTextEnv(LanguageEnv):
     ## Observations
     The grid, one row per line: `P` player, `_` frozen ice (the start cell is ice), `O` hole,
     `G` goal, `X` player in a hole, `√` player on the goal, `cell_separator` between the cells of a row
-    (see `check_cell_separator`). `grid()` gives the same as codes.
+    (see `check_cell_separator`). `grid()` gives the same as codes. With `list_positions`, a line under the grid
+    also lists the (row, col) of the player, the goal and every hole (`state_objects`).
 
     ## Rewards
     +1 for reaching the goal, 0 otherwise (plus the base class's format penalty).
@@ -177,10 +178,12 @@ class FrozenLakeTextEnv(LanguageEnv):
         success_rate: float = 1.0,
         max_steps: int = 100,
         cell_separator: str = "",
+        list_positions: bool = False,
         **base_kwargs: Any,
     ) -> None:
         super().__init__(**base_kwargs)
         self.cell_separator = check_cell_separator(cell_separator)
+        self.list_positions = check_list_positions(list_positions)
         if desc is None and size < 2:
             raise ValueError(f"size must be >= 2 so that start and goal differ, got {size}.")
         if desc is None:
@@ -232,7 +235,8 @@ class FrozenLakeTextEnv(LanguageEnv):
         return board
 
     def _state_text(self) -> str:
-        return "\n".join(self.cell_separator.join(SYMBOLS[int(code)] for code in row) for row in self.grid())
+        grid_text = "\n".join(self.cell_separator.join(SYMBOLS[int(code)] for code in row) for row in self.grid())
+        return f"{grid_text}\n{positions_line(self.state_objects())}" if self.list_positions else grid_text
 
     def _rules_text(self) -> str:
         height, width = len(self.desc), len(self.desc[0])
@@ -275,9 +279,11 @@ class FrozenLakeTextEnv(LanguageEnv):
 
     def state_objects(self) -> list[tuple[str, tuple[int, int]]]:
         """Player, goal and every hole, in (row, col); only the holes next to the player must be described."""
-        kinds = {"G": "goal", "H": "hole"}
-        cells = [(kinds[t], (r, c)) for r, row in enumerate(self.desc) for c, t in enumerate(row) if t in kinds]
-        return [("player", tuple(self.player)), *cells]
+        cells = {
+            kind: [(kind, (r, c)) for r, row in enumerate(self.desc) for c, t in enumerate(row) if t == tile]
+            for kind, tile in (("goal", "G"), ("hole", "H"))
+        }
+        return [("player", tuple(self.player)), *cells["goal"], *cells["hole"]]
 
     def solver_actions(self) -> list[str]:
         """A shortest hole-free sequence of intended moves from the player to the goal ([] if none)."""

@@ -30,7 +30,7 @@ from envs_text.sokoban_level import (  # re-exported: the board is part of this 
 )
 from envs_text.sokoban_solver import solve
 from vagen.env.base import ActionResult, LanguageEnv
-from vagen.env.observation import check_cell_separator
+from vagen.env.observation import check_cell_separator, check_list_positions, positions_line
 from vagen.env.policies import relative_direction
 
 STEP_PENALTY = -0.1
@@ -217,9 +217,7 @@ class SokobanTextEnv(LanguageEnv):
             raise ValueError(f"distance_shaping must be >= 0 (0 = off), got {distance_shaping}.")
         self.distance_shaping = float(distance_shaping)
         self.cell_separator = check_cell_separator(cell_separator)
-        if not isinstance(list_positions, bool):
-            raise ValueError(f"list_positions must be true or false, got {list_positions!r}.")
-        self.list_positions = list_positions
+        self.list_positions = check_list_positions(list_positions)
         if len(dim_room) != 2 or min(dim_room) < 5:
             raise ValueError(f"dim_room must be (height, width) with both >= 5, got {dim_room!r}.")
         check_grid(dim_room[0], dim_room[1], "dim_room", list(dim_room))
@@ -370,10 +368,7 @@ class SokobanTextEnv(LanguageEnv):
 
     def _state_text(self) -> str:
         grid_text = render_text(self.grid(), self.cell_separator)
-        if not self.list_positions:
-            return grid_text
-        positions = "; ".join(f"{kind} ({row}, {col})" for kind, (row, col) in self.state_objects())
-        return f"{grid_text}\nPositions (row, col; row 0 is the top): {positions}."
+        return f"{grid_text}\n{positions_line(self.state_objects())}" if self.list_positions else grid_text
 
     def _rules_text(self) -> str:
         legend = ", ".join(f"{SYMBOLS[code]} {TILE_NAMES[code]}" for code in SYMBOLS)

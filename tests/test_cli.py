@@ -56,10 +56,10 @@ def test_help_prints_the_scripts_usage_and_exits_zero(capsys, monkeypatch):
     import sys
     import types
 
-    script = types.ModuleType("__main__", "Plot a run.\n\n    python scripts/plot_run.py run=DIR [out=DIR]\n")
+    script = types.ModuleType("__main__", "Measure a run.\n\n    python research/grad_noise.py run=DIR [out=DIR]\n")
     monkeypatch.setitem(sys.modules, "__main__", script)
     for flag in ("-h", "--help"):
         with pytest.raises(SystemExit) as exit_info:
             script_options(["lr=1", flag], DEFAULTS)
         assert exit_info.value.code == 0
-        assert capsys.readouterr().out == "Plot a run.\n\n    python scripts/plot_run.py run=DIR [out=DIR]\n"
+        assert capsys.readouterr().out == "Measure a run.\n\n    python research/grad_noise.py run=DIR [out=DIR]\n"

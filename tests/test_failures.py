@@ -1,4 +1,4 @@
-"""scripts/failure_report.py: evaluated episodes replayed next to the game's solver."""
+"""scripts/evaluate.py mode=failures: evaluated episodes replayed next to the game's solver."""
 
 import json
 from pathlib import Path
@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 
 from vagen.env import make_env
 from vagen.eval import evaluate, rename_overrides
-from vagen.eval.failures import EpisodeReplay, TurnReplay, failure_report, replay_cell
+from vagen.eval.failures import EpisodeReplay, TurnReplay, cell_failure_report, failure_report, replay_cell
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
@@ -80,20 +80,22 @@ def test_report_counts_outcomes_distances_and_turns():
     assert report["reasoning_matches_demo"] == {"solvable states": "3/4 (75%)", "dead ends": "0/1 (0%)"}
 
 
-def test_script_prints_the_report_and_names_a_wrong_folder(tmp_path, capsys):
-    import runpy
+def test_evaluate_mode_failures_prints_and_writes_each_cells_report(tmp_path):
+    import subprocess
     import sys
 
-    out = evaluate_cells(tmp_path / "eval", "solver", episodes=2)
-    argv = sys.argv
-    try:
-        sys.argv = ["failure_report.py", f"cells={out / 'solver' / 'sokoban_text'}", f"json={tmp_path / 'r.json'}"]
-        runpy.run_path(str(SCRIPTS / "failure_report.py"), run_name="__main__")
-        assert "outcome: solved 2/2 (100%)" in capsys.readouterr().out
-        assert json.loads((tmp_path / "r.json").read_text())[str(out / "solver" / "sokoban_text")]["episodes"] == 2
-        sys.argv = ["failure_report.py", f"cells={tmp_path}"]
-        with pytest.raises(SystemExit) as exit_info:
-            runpy.run_path(str(SCRIPTS / "failure_report.py"), run_name="__main__")
-        assert exit_info.value.code == 2 and "has no settings.json" in capsys.readouterr().err
-    finally:
-        sys.argv = argv
+    command = [sys.executable, str(SCRIPTS / "evaluate.py"), "mode=failures", "model=[solver,random]",
+               "env=[sokoban_text,bandit_text]", "episodes=2", "gif_episodes=0", "plot=false", f"out_dir={tmp_path}"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=SCRIPTS.parent, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "solver on sokoban_text: 2 episodes" in done.stdout and "outcome: solved 2/2 (100%)" in done.stdout
+    assert "solver on bandit_text: cannot be analysed" in done.stdout
+    reports = json.loads((tmp_path / "failures.json").read_text())
+    assert reports["solver on sokoban_text"] == json.loads(
+        json.dumps(cell_failure_report(tmp_path / "solver" / "sokoban_text"))
+    )
+    assert reports["random on sokoban_text"]["episodes"] == 2 and "solver on bandit_text" not in reports
+    with pytest.raises(ValueError, match="has no settings.json"):
+        cell_failure_report(tmp_path)
+    refused = subprocess.run([*command[:2], "mode=why"], capture_output=True, text=True, cwd=SCRIPTS.parent)
+    assert refused.returncode == 2 and "mode='why' is not one of play, failures, move_probe" in refused.stderr

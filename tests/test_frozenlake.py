@@ -158,6 +158,21 @@ def test_cell_separator_puts_the_cells_of_a_row_apart():
         FrozenLakeTextEnv(desc=MAP_4X4, cell_separator="\n")
 
 
+def test_list_positions_adds_a_line_of_coordinates_that_follows_the_player():
+    env = FrozenLakeTextEnv(desc=MAP_4X4, list_positions=True)
+    obs, _ = env.reset(seed=0)
+    grid_text, positions = obs.text.split("Current state:\n")[1].rsplit("\n", 1)
+    assert grid_text.splitlines() == ["P___", "_O_O", "___O", "O__G"]
+    assert positions == (
+        "Positions (row, col; row 0 is the top): player (0, 0); goal (3, 3); hole (1, 1); hole (1, 3); hole (2, 3); "
+        "hole (3, 0)."
+    )
+    obs, *_ = env.step(answer("Right"))
+    assert "player (0, 1); goal (3, 3);" in obs.text
+    with pytest.raises(ValueError, match="list_positions must be true or false"):
+        FrozenLakeTextEnv(desc=MAP_4X4, list_positions=1)
+
+
 def test_solver_is_a_shortest_path():
     env = FrozenLakeTextEnv(desc=MAP_4X4)
     env.reset(seed=0)

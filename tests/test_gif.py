@@ -1,4 +1,4 @@
-"""Episode GIFs, the built-in policies, and the render_gif script."""
+"""Episode GIFs, the built-in policies, and scripts/viz.py mode=gif."""
 
 import importlib.util
 from pathlib import Path
@@ -127,13 +127,13 @@ def test_format_response_rejects_unknown_formats():
         format_response("poem", ["Up"], "||", "x")
 
 
-def test_render_gif_script_writes_a_solved_episode(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("render_gif", ROOT / "scripts" / "render_gif.py")
+def test_viz_gif_mode_writes_a_solved_episode(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("viz", ROOT / "scripts" / "viz.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     out = tmp_path / "demo.gif"
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose(config_name="render_gif", overrides=["env=sokoban_visual", "policy=solver", f"out={out}"])
+        cfg = compose("viz", overrides=["mode=gif", "env=sokoban_visual", "policy=solver", f"out={out}"])
     script.main(cfg)
     printed = capsys.readouterr().out
     assert out.exists() and str(out) in printed

@@ -45,7 +45,7 @@ EDGES = {
         "viz",
     },
     "bootstrap": {"algos", "engines", "env", "forward", "models", "rollout"},
-    "eval": {"engines", "env", "models", "rollout", "trainer", "viz"},
+    "eval": {"diagnostics", "engines", "env", "models", "rollout", "trainer", "viz"},
 }
 # Edges that no import statement shows: a part that loads plugins through an entry-point group reaches whatever
 # registers there. `vagen.env.make_env` finds the games (`vagen.envs`), and `vagen.models.registry` the model sources

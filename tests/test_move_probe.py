@@ -1,5 +1,5 @@
 """The teacher-forced first-move probe: optimal moves from the solver, preferences equal to full forwards, the
-summary on a worked example, and scripts/move_probe.py end to end."""
+summary on a worked example, and scripts/evaluate.py mode=move_probe end to end."""
 
 import json
 import subprocess
@@ -72,26 +72,25 @@ def test_summary_on_a_worked_example():
 
 
 @pytest.mark.slow(seconds=35)
-def test_script_prints_and_writes_each_models_probe_and_refuses_what_it_cannot_probe(tmp_path):
-    command = [sys.executable, str(ROOT / "scripts" / "move_probe.py"), "models=tiny_vl_test,tiny_vl_warm_test"]
-    done = subprocess.run([*command, "states=6", f"json={tmp_path / 'probe.json'}"],
+def test_evaluate_mode_move_probe_prints_and_writes_each_models_probe_and_refuses_what_it_cannot_probe(tmp_path):
+    command = [sys.executable, str(ROOT / "scripts" / "evaluate.py"), "mode=move_probe", f"out_dir={tmp_path}"]
+    done = subprocess.run([*command, "model=[tiny_vl_test,tiny_vl_warm_test]", "env=sokoban_visual", "episodes=6"],
                           capture_output=True, text=True, cwd=ROOT, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    results = json.loads((tmp_path / "probe.json").read_text())
+    results = json.loads((tmp_path / "move_probe.json").read_text())["sokoban_visual"]
     first, second = results["tiny_vl_test"], results["tiny_vl_warm_test"]
     assert first["states"] == second["states"] > 0 and first["chance"] == second["chance"]
     assert second["change_vs_first"] == pytest.approx(second["optimal_mass"] - first["optimal_mass"])
     assert second["change_ci"][0] <= second["change_vs_first"] <= second["change_ci"][1]
     assert (
-        "tiny_vl_warm_test: mass on optimal first moves" in done.stdout
+        "tiny_vl_warm_test on sokoban_visual: mass on optimal first moves" in done.stdout
         and "paired change vs tiny_vl_test" in done.stdout
     )
     for bad, message in (
-        (["models=solver"], "built-in policy"),
-        (["models=tiny_vl_test", "env=bandit_text"], "has no demonstration reasoning"),
+        (["model=solver", "env=sokoban_visual"], "built-in policy"),
+        (["model=tiny_vl_test", "env=bandit_text"], "has no demonstration reasoning"),
     ):
-        refused = subprocess.run([sys.executable, str(ROOT / "scripts" / "move_probe.py"), *bad],
-                                 capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
+        refused = subprocess.run([*command, *bad], capture_output=True, text=True, cwd=ROOT, timeout=300)
         assert refused.returncode == 2 and message in refused.stderr and "Traceback" not in refused.stderr
 
 

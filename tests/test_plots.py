@@ -1,4 +1,4 @@
-"""Run plots (vagen/viz/plots.py, scripts/plot_run.py) on a synthetic but realistic metrics log."""
+"""Run plots (vagen/viz/plots.py, scripts/viz.py mode=plot) on a synthetic but realistic metrics log."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hydra import compose, initialize_config_dir
 from matplotlib.image import imread
 
 from vagen.logging import MetricsLogger
@@ -22,6 +23,7 @@ from vagen.viz.plots import (
     plot_training,
     regime_thresholds,
     render_run,
+    run_title,
     save_figure,
     spread_ratio_key,
 )
@@ -223,35 +225,35 @@ def test_saved_pngs_exist_and_are_not_blank(records, tmp_path):
     _assert_png_not_blank(blank)  # a single point still renders (marker, axes, title)
 
 
-def _load_script():
-    """scripts/ is not a package: load plot_run.py as a module to call its main(argv) in-process."""
-    spec = importlib.util.spec_from_file_location("plot_run", REPO / "scripts" / "plot_run.py")
+def _viz(overrides: list[str]) -> list[str]:
+    """scripts/viz.py's printed lines for `overrides` (scripts/ is not a package: loaded as a module)."""
+    spec = importlib.util.spec_from_file_location("viz", REPO / "scripts" / "viz.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        return module.run(compose(config_name="viz", overrides=overrides))
 
 
-def test_script_end_to_end_on_a_run_folder(records, tmp_path, capsys):
+def test_script_end_to_end_on_a_run_folder(records, tmp_path):
     run_dir = tmp_path / "run"
     _write_run(run_dir, [{k: v for k, v in r.items() if not k.startswith("mi/")} for r in records])
-    script = _load_script()
-    assert script.main([f"run={run_dir}", f"out={tmp_path / 'out'}"]) == 0
-    printed = capsys.readouterr().out
-    written = [Path(line.removeprefix("wrote ")) for line in printed.splitlines() if line.startswith("wrote ")]
+    printed = _viz([f"run={run_dir}", f"out={tmp_path / 'out'}"])
+    written = [Path(line.removeprefix("wrote ")) for line in printed if line.startswith("wrote ")]
     assert [path.name for path in written] == ["training.png", "filtering.png", "diagnostics.png"]
     assert all(path.parent == tmp_path / "out" for path in written)
     for path in written:
         _assert_png_not_blank(path)
-    assert "note: regimes: figure skipped" in printed
-    assert script.run_name(run_dir) == "sokoban_visual · tiny_vl · grpo · filter top_p 0.9"
-    assert script.run_name(tmp_path) == tmp_path.name  # no config.yaml: the folder name
+    assert any(line.startswith("note: regimes: figure skipped") for line in printed)
+    assert run_title(run_dir) == "sokoban_visual · tiny_vl · grpo · filter top_p 0.9"
+    assert run_title(tmp_path) == tmp_path.name  # no config.yaml: the folder name
 
 
-def test_script_default_out_dir_and_missing_metrics_message(records, tmp_path, capsys):
+def test_script_default_out_dir_and_missing_metrics_message(records, tmp_path):
     run_dir = tmp_path / "run"
     _write_run(run_dir, records[:3])
-    script = _load_script()
-    script.main([f"run={run_dir}"])
+    _viz([f"run={run_dir}"])
     assert (run_dir / "plots" / "training.png").is_file()
-    with pytest.raises(SystemExit, match=r"No metrics\.jsonl"):
-        script.main([f"run={tmp_path / 'empty'}"])
+    with pytest.raises(ValueError, match=r"No metrics\.jsonl"):
+        _viz([f"run={tmp_path / 'empty'}"])
+    with pytest.raises(ValueError, match="mode=plot needs run="):
+        _viz([])

@@ -45,3 +45,20 @@ def check_cell_separator(separator: Any) -> str:
             "use '' for the compact grid or ' ' for one token per cell."
         )
     return separator
+
+
+def check_list_positions(value: Any) -> bool:
+    """`list_positions` of a grid game: whether a line under the grid lists the (row, col) of its objects."""
+    if not isinstance(value, bool):
+        raise ValueError(f"list_positions must be true or false, got {value!r}.")
+    return value
+
+
+def positions_line(objects: list[tuple[str, tuple[int, int]]]) -> str:
+    """The line `list_positions` writes under a grid: every object of `state_objects()` with its (row, col).
+
+    A causal LM with one-dimensional rotary positions cannot cheaply tell a cell's row and column from its offset
+    in the token stream (an image patch gets both from its 2-D position ids); here they are digits it reads."""
+    return (
+        "Positions (row, col; row 0 is the top): " + "; ".join(f"{kind} ({r}, {c})" for kind, (r, c) in objects) + "."
+    )

@@ -3,7 +3,7 @@
 from vagen.eval.api_rollout import Reply, api_responder, play_chat_episodes, policy_responder
 from vagen.eval.episodes import EpisodeResult, TurnResult, episode_record
 from vagen.eval.models import ModelSpec, resolve_models
-from vagen.eval.runner import EvalReport, evaluate, rename_overrides
+from vagen.eval.runner import EVAL_MODES, EvalReport, check_mode, evaluate, rename_overrides
 from vagen.eval.storage import CellStore
 from vagen.eval.summary import (
     markdown_table,
@@ -16,6 +16,7 @@ from vagen.eval.summary import (
 from vagen.rollout.validation import EVAL_SEED_BASE, eval_seeds, wilson_interval
 
 __all__ = [
+    "EVAL_MODES",
     "EVAL_SEED_BASE",
     "CellStore",
     "EpisodeResult",
@@ -24,6 +25,7 @@ __all__ = [
     "Reply",
     "TurnResult",
     "api_responder",
+    "check_mode",
     "episode_record",
     "eval_seeds",
     "evaluate",

@@ -11,9 +11,11 @@ that does not see the board writes reasoning that differs from the demonstration
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from vagen.env import make_env
@@ -145,3 +147,54 @@ def replay_cell(settings: dict[str, Any], records: Iterable[dict[str, Any]]) -> 
         return [replay_episode(env, record) for record in records if record.get("error") is None]
     finally:
         env.close()
+
+
+def cell_failure_report(cell: Path) -> dict[str, Any]:
+    """The failure report of one evaluated (model, env) folder, `<out_dir>/<model>/<env>` (settings.json and
+    episodes/*.json); a ValueError names a folder that is not one, NotImplementedError a game without a solver."""
+    settings_path = cell / "settings.json"
+    if not settings_path.is_file():
+        raise ValueError(f"{cell} has no settings.json: pass a folder of scripts/evaluate.py, <out_dir>/<model>/<env>.")
+    records = [json.loads(path.read_text()) for path in sorted((cell / "episodes").glob("*.json"))]
+    if not records:
+        raise ValueError(f"{cell}/episodes holds no episodes: run scripts/evaluate.py first.")
+    return failure_report(replay_cell(json.loads(settings_path.read_text()), records))
+
+
+def report_lines(name: str, report: dict[str, Any]) -> list[str]:
+    """`report` as the lines scripts/evaluate.py mode=failures prints."""
+    lines = [f"{name}: {report['episodes']} episodes"]
+    lines.append("  outcome: " + ", ".join(f"{outcome} {share}" for outcome, share in report["outcomes"].items()))
+    lines.append("  success by the level's solver distance at the start:")
+    lines += [f"    {distance:>4s}: {share}" for distance, share in report["success_by_initial_distance"].items()]
+    for key, title in (
+        ("optimal_turns_by_turn", "turns whose executed actions were all optimal"),
+        ("dead_ends_entered_by_turn", "turns that entered a dead end"),
+    ):
+        lines.append(f"  {title}, by turn: " + ", ".join(f"{turn}: {share}" for turn, share in report[key].items()))
+    matches = report["reasoning_matches_demo"]
+    lines.append(
+        "  reasoning equal to the demonstration's for the state seen: "
+        + ", ".join(f"in {where} {share}" for where, share in matches.items())
+    )
+    return lines
+
+
+def failure_reports(out_dir: Path, rows: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """The failure report of every evaluated cell of `rows` (evaluate's summary rows), written to
+    out_dir/failures.json, and the lines to print; a cell that cannot be analysed gets a line saying why."""
+    reports, lines = {}, []
+    for row in rows:
+        cell = out_dir / row["model"] / row["env"]
+        name = f"{row['model']} on {row['env']}"
+        if not (cell / "settings.json").is_file():
+            lines.append(f"{name}: not played ({row.get('note') or 'no episodes'})")
+            continue
+        try:
+            reports[name] = cell_failure_report(cell)
+        except NotImplementedError:
+            lines.append(f"{name}: cannot be analysed: the game has no solver or no demonstration reasoning")
+            continue
+        lines += report_lines(name, reports[name])
+    (out_dir / "failures.json").write_text(json.dumps(reports, indent=1))
+    return reports, lines

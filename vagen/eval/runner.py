@@ -317,7 +317,18 @@ def episode_seeds(cfg: DictConfig) -> list[int]:
     return [seed for seed in eval_seeds(int(cfg.episodes) // samples, int(cfg.seed_offset)) for _ in range(samples)]
 
 
+EVAL_MODES = ("play", "failures", "move_probe")
+
+
+def check_mode(cfg: DictConfig) -> str:
+    """`cfg.mode`, refused with the choices unless it is one of `EVAL_MODES`."""
+    if cfg.get("mode", "play") not in EVAL_MODES:
+        raise ValueError(f"mode={cfg.mode!r} is not one of {', '.join(EVAL_MODES)}.")
+    return str(cfg.get("mode", "play"))
+
+
 def _check_config(cfg: DictConfig) -> None:
+    check_mode(cfg)
     if int(cfg.episodes_per_batch) < 1 or int(cfg.gif_episodes) < 0:
         raise ValueError("episodes_per_batch must be >= 1 and gif_episodes >= 0.")
     if not cfg.envs:

@@ -1,4 +1,4 @@
-"""Plots of a training run from its `metrics.jsonl` records (see `scripts/plot_run.py`).
+"""Plots of a training run from its `metrics.jsonl` records (`scripts/viz.py mode=plot`).
 
 Four figures, each a function `records -> Figure | None` registered in `PLOTS`:
 
@@ -32,6 +32,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FormatStrFormatter, LogLocator, MaxNLocator, NullFormatter, PercentFormatter
+from omegaconf import OmegaConf
 
 from vagen.registry import Registry
 
@@ -575,3 +576,17 @@ def render_run(records: Records, out_dir: str | Path, run_name: str = "") -> tup
         if figure is not None:
             paths.append(save_figure(figure, Path(out_dir) / f"{name}.png"))
     return paths, skipped
+
+
+def run_title(run_dir: Path) -> str:
+    """'env · model · algorithm · filter' from the run's resolved config.yaml, or the folder name without one."""
+    config_path = Path(run_dir) / "config.yaml"
+    if not config_path.is_file():
+        return Path(run_dir).name
+    config = OmegaConf.load(config_path)
+    parts = [OmegaConf.select(config, f"{group}.name") for group in ("env", "model", "algorithm")]
+    strategy = OmegaConf.select(config, "filter.strategy")
+    if strategy and strategy != "none":
+        parts.append(f"filter {strategy} {OmegaConf.select(config, 'filter.value', default='')}".strip())
+    named = [str(part) for part in parts if part]
+    return " · ".join(named) if named else Path(run_dir).name

@@ -1,0 +1,85 @@
+"""`scripts/evaluate.py mode=move_probe`: which first move each model prefers on the same held-out states.
+
+The states are the evaluator's held-out seeds 1e9 + k with something to decide (`vagen.rollout.move_probe`); each
+model is teacher-forced the demonstration's reading of the state, and the probe reads its distribution over the
+game's moves (`vagen.diagnostics.move_preference`). Every model after the first gets its paired change of mass on
+the solver-optimal moves against the first.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from vagen.diagnostics.move_preference import move_preferences, optimal_mass, probe_summary
+from vagen.env import make_env
+from vagen.eval.models import ModelSpec, load_local_policy, resolve_models
+from vagen.eval.runner import incompatibility, load_env_config
+from vagen.eval.summary import paired_change
+from vagen.rollout import DialogueFormatter
+from vagen.rollout.move_probe import check_probeable, probe_states
+from vagen.rollout.validation import eval_seeds
+
+
+def probe_setup(cfg: DictConfig, config_dir: Path) -> tuple[list[ModelSpec], list[dict[str, Any]]]:
+    """The local models and probeable envs of `cfg`, each checked before any weights load (ValueError names
+    what cannot be probed)."""
+    envs = [cfg.envs] if isinstance(cfg.envs, str) else list(cfg.envs)
+    env_overrides = OmegaConf.to_container(cfg.env_overrides, resolve=True)
+    env_cfgs = [load_env_config(str(name), config_dir, env_overrides) for name in envs]
+    specs = resolve_models(
+        cfg.models, cfg.engine, config_dir, OmegaConf.to_container(cfg.model_overrides, resolve=True)
+    )
+    for spec in specs:
+        if spec.kind != "local":
+            raise ValueError(f"{spec.label} is a built-in policy or a served model; the probe scores a local model.")
+        for env_cfg in env_cfgs:
+            reason = incompatibility(spec, env_cfg)
+            if reason:
+                raise ValueError(f"{spec.label} cannot play env={env_cfg['name']}: {reason}.")
+    for env_cfg in env_cfgs:
+        check_probeable(make_env(env_cfg["id"], **env_cfg["kwargs"]))
+    return specs, env_cfgs
+
+
+def probe_moves(cfg: DictConfig, config_dir: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Each (env, model)'s probe summary on the first `cfg.episodes` held-out states, written to
+    out_dir/move_probe.json, and the lines to print."""
+    specs, env_cfgs = probe_setup(cfg, config_dir)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    results, lines = {}, []
+    for env_cfg in env_cfgs:
+        make = functools.partial(make_env, env_cfg["id"], **env_cfg["kwargs"])
+        first = None
+        for spec in specs:
+            policy = load_local_policy(spec, device)
+            formatter = DialogueFormatter(policy.tokenizer, policy.image_processor)
+            states = probe_states(make, formatter, eval_seeds(int(cfg.episodes)))
+            optimal = np.array([state.optimal for state in states])
+            preferences = move_preferences(policy.model, policy.image_processor or policy.tokenizer, states)
+            summary = probe_summary(preferences, optimal)
+            masses = dict(zip((state.seed for state in states), optimal_mass(preferences, optimal), strict=True))
+            line = (
+                f"{spec.label} on {env_cfg['name']}: mass on optimal first moves {summary['optimal_mass']:.3f}, "
+                f"preferred move optimal {summary['top_optimal']:.1%} (chance {summary['chance']:.3f}; "
+                f"{len(states)} states)"
+            )
+            if first is None:
+                first = (spec.label, masses)
+            else:
+                change, low, high, _ = paired_change(first[1], masses)
+                summary |= {"change_vs_first": change, "change_ci": [low, high]}
+                line += f"; paired change vs {first[0]}: {change:+.3f} [{low:+.3f}, {high:+.3f}]"
+            lines.append(line)
+            results.setdefault(env_cfg["name"], {})[spec.label] = summary
+            del policy
+    out_dir = Path(cfg.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "move_probe.json").write_text(json.dumps(results, indent=1))
+    return results, lines
