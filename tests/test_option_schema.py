@@ -201,3 +201,14 @@ def test_the_train_script_refuses_bad_values_in_one_line_before_anything_allocat
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+def test_the_options_page_is_generated_from_the_schema():
+    """docs/options.md is `options_reference()`: the docs read the same table that validation reads."""
+    from vagen.trainer.config import options_reference
+
+    page = Path(__file__).resolve().parent.parent / "docs" / "options.md"
+    assert page.read_text() == options_reference(), (
+        "docs/options.md is stale; regenerate it: .venv/bin/python -c \"from vagen.trainer.config import "
+        "options_reference; open('docs/options.md', 'w').write(options_reference())\""
+    )

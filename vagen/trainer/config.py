@@ -292,6 +292,28 @@ def expectation(option: Option) -> str:
     return f"{text} (or null)" if nullable else text
 
 
+def options_reference() -> str:
+    """docs/options.md: every option of `OPTIONS` by section, with what it must be and what it means (a test keeps
+    the page equal to this text)."""
+    lines = [
+        "# Training options",
+        "",
+        "Every option of `configs/train.yaml` and its groups, generated from `OPTIONS` in `vagen/trainer/config.py`,",
+        "the table that `check_options` validates a run against before any model loads. Set any of them on the",
+        "command line: `python scripts/train.py env=sokoban_visual trainer.lr=1e-4`. The keys of `env.kwargs` are",
+        "the game's own constructor arguments; the ones below are those of the shipped game configs.",
+    ]
+    section = None
+    for key, option in OPTIONS.items():
+        head = key.split(".")[0] if "." in key else "run"
+        if head != section:
+            section = head
+            lines += ["", f"## {section}", "", "| option | must be | meaning |", "|---|---|---|"]
+        must = expectation(option).replace("|", "\\|")
+        lines.append(f"| `{key}` | {must} | {option.doc.replace('|', chr(92) + '|')} |")
+    return "\n".join(lines) + "\n"
+
+
 def check_value(key: str, option: Option, value: Any) -> None:
     """Raise a ValueError naming `key`, what it must be and what it means unless `value` fits `option`."""
     kind, nullable = _unwrap(option.type)
