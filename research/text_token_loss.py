@@ -55,7 +55,7 @@ def main() -> None:
     model.eval()
     formatter = DialogueFormatter(tokenizer, None)
     for name in TEXT_GAMES:
-        make = lambda name=name: make_text_game(name, list_positions=bool(options.list_positions))  # noqa: E731
+        make = lambda name=name: make_text_game(name, list_positions=bool(options.list_positions))
         seeds = range(70_000, 70_000 + int(options.episodes))
         demos = demonstrations(make, formatter, seeds, TINY_TEXT_RECIPE.noise_eps, 5, name)
         losses: dict[str, list[float]] = {}
@@ -71,7 +71,8 @@ def main() -> None:
         count = sum(len(values) for values in losses.values())
         print(f"{name}: {count} tokens, mean NLL {total / count:.3f}")
         for kind, values in sorted(losses.items()):
-            print(f"  {kind:12s} {len(values):5d} tokens  NLL {np.mean(values):.3f}  {sum(values) / total:4.0%} of the loss")
+            share = sum(values) / total
+            print(f"  {kind:12s} {len(values):5d} tokens  NLL {np.mean(values):.3f}  {share:4.0%} of the loss")
 
 
 if __name__ == "__main__":

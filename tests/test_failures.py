@@ -84,8 +84,8 @@ def test_evaluate_mode_failures_prints_and_writes_each_cells_report(tmp_path):
     import subprocess
     import sys
 
-    command = [sys.executable, str(SCRIPTS / "evaluate.py"), "mode=failures", "model=[solver,random]",
-               "env=[sokoban_text,bandit_text]", "episodes=2", "gif_episodes=0", "plot=false", f"out_dir={tmp_path}"]  # fmt: skip
+    command = [sys.executable, str(SCRIPTS / "evaluate.py"), "mode=failures", "model=[solver,random]"]
+    command += ["env=[sokoban_text,bandit_text]", "episodes=2", "gif_episodes=0", "plot=false", f"out_dir={tmp_path}"]
     done = subprocess.run(command, capture_output=True, text=True, cwd=SCRIPTS.parent, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "solver on sokoban_text: 2 episodes" in done.stdout and "outcome: solved 2/2 (100%)" in done.stdout
@@ -95,7 +95,7 @@ def test_evaluate_mode_failures_prints_and_writes_each_cells_report(tmp_path):
         json.dumps(cell_failure_report(tmp_path / "solver" / "sokoban_text"))
     )
     assert reports["random on sokoban_text"]["episodes"] == 2 and "solver on bandit_text" not in reports
-    with pytest.raises(ValueError, match="has no settings.json"):
+    with pytest.raises(ValueError, match=r"has no settings\.json"):
         cell_failure_report(tmp_path)
     refused = subprocess.run([*command[:2], "mode=why"], capture_output=True, text=True, cwd=SCRIPTS.parent)
     assert refused.returncode == 2 and "mode='why' is not one of play, failures, move_probe" in refused.stderr

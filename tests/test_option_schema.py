@@ -209,6 +209,6 @@ def test_the_options_page_is_generated_from_the_schema():
 
     page = Path(__file__).resolve().parent.parent / "docs" / "options.md"
     assert page.read_text() == options_reference(), (
-        "docs/options.md is stale; regenerate it: .venv/bin/python -c \"from vagen.trainer.config import "
+        'docs/options.md is stale; regenerate it: .venv/bin/python -c "from vagen.trainer.config import '
         "options_reference; open('docs/options.md', 'w').write(options_reference())\""
     )
