@@ -32,6 +32,7 @@ def test_validation_is_deterministic_and_does_not_move_the_training_cursor():
         "val/reward",
         "val/turns",
         "val/format_ok",
+        "val/actions_per_turn",
         "val/success_ci_low",
         "val/success_ci_high",
         "val/episodes",
@@ -177,3 +178,16 @@ def test_bench_learning_pairs_each_run_with_the_warm_start_by_level(tmp_path):
     (tmp_path / "other" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     with pytest.raises(ValueError, match="trained another env or model than the other runs"):
         bench.paired_config(other_env, 2, 3, out)
+
+
+def test_actions_per_turn_counts_the_executed_actions_of_every_turn():
+    from types import SimpleNamespace
+
+    from vagen.rollout.validation import actions_per_turn
+
+    def episode(*executed):
+        return SimpleNamespace(turns=[SimpleNamespace(info={"actions": list(a)}) for a in executed])
+
+    played = [episode(["Up", "Up", "Left"], ["Down"]), episode([], ["Left", "Right"])]  # a malformed turn runs none
+    assert actions_per_turn(played) == (3 + 1 + 0 + 2) / 4
+    assert actions_per_turn([]) == 0.0

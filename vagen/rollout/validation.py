@@ -58,6 +58,13 @@ def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     }
 
 
+def actions_per_turn(trajectories: list[Trajectory]) -> float:
+    """Mean number of actions the env executed per turn. RL that learns to write fewer moves per turn (a shorter
+    answer risks less in a failing group) runs out of turns while its per-move choices improve: this shows it."""
+    turns = [turn for t in trajectories for turn in t.turns]
+    return sum(len(turn.info.get("actions", ())) for turn in turns) / max(len(turns), 1)
+
+
 def validation_episodes(
     make_env: Callable[[], gymnasium.Env],
     engine: Engine,
@@ -87,5 +94,10 @@ def validation_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     """`val/` metrics of played evaluation episodes, with the 95% interval of the success rate."""
     metrics = episode_metrics(trajectories)
     low, high = wilson_interval(sum(t.success for t in trajectories), len(trajectories))
-    metrics.update(success_ci_low=low, success_ci_high=high, episodes=float(len(trajectories)))
+    metrics.update(
+        actions_per_turn=actions_per_turn(trajectories),
+        success_ci_low=low,
+        success_ci_high=high,
+        episodes=float(len(trajectories)),
+    )
     return {f"val/{name}": value for name, value in metrics.items()}

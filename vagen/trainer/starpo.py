@@ -25,7 +25,7 @@ from vagen.engines import SamplingParams
 from vagen.engines.base import derive_seed
 from vagen.filtering import apply_empty_policy, select_groups
 from vagen.rollout import Trajectory, trajectories_to_batch
-from vagen.rollout.validation import episode_metrics, validation_metrics
+from vagen.rollout.validation import actions_per_turn, episode_metrics, validation_metrics
 from vagen.trainer.config import validate_config
 from vagen.trainer.learner import SAMPLING_STREAM, Learner
 from vagen.trainer.levels import SEED_STRIDE, LevelSampler, PLRSettings
@@ -40,6 +40,7 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         **{f"env/{name}": value for name, value in episode_metrics(trajectories).items()},
         "env/action_valid": sum(bool(turn.info.get("action_is_valid")) for turn in turns) / count,
         "env/action_effective": sum(bool(turn.info.get("action_is_effective")) for turn in turns) / count,
+        "env/actions_per_turn": actions_per_turn(trajectories),
         "rollout/response_tokens": sum(len(turn.response_ids) for turn in turns) / count,
         "rollout/length_cut": sum(turn.finish_reason == "length" for turn in turns) / count,
         "rollout/context_budget_ends": sum(t.end_reason == "context_budget" for t in trajectories) / len(trajectories),
