@@ -70,6 +70,8 @@ ARMS = {
     # self-imitation: advantages clamped at 0, so no sampled text is pushed down (format cannot be unlearned that way)
     "gigpo_sil1e-4": ["algorithm=gigpo", "trainer.lr=1e-4", "algorithm.advantage_min=0"],
     "gigpo_sil3e-4": ["algorithm=gigpo", "trainer.lr=3e-4", "algorithm.advantage_min=0"],
+    # no per-action cost: an all-fail group's spread is then 0 (no update), not "fewer moves" scaled to unit advantages
+    "gigpo_nostep": ["algorithm=gigpo", "trainer.lr=1e-4", "env.kwargs.step_penalty=0"],
 }
 Z_95 = 1.959964
 
