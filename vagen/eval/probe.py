@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from vagen.diagnostics.move_preference import move_preferences, optimal_mass, probe_summary
 from vagen.env import make_env
-from vagen.eval.models import ModelSpec, load_local_policy, resolve_models
-from vagen.eval.runner import incompatibility, load_env_config
+from vagen.eval.models import ModelSpec, load_local_policy
+from vagen.eval.runner import incompatibility, resolve_cells
 from vagen.eval.summary import paired_change
 from vagen.rollout import DialogueFormatter
 from vagen.rollout.move_probe import check_probeable, probe_states
@@ -30,12 +30,7 @@ from vagen.rollout.validation import eval_seeds
 def probe_setup(cfg: DictConfig, config_dir: Path) -> tuple[list[ModelSpec], list[dict[str, Any]]]:
     """The local models and probeable envs of `cfg`, each checked before any weights load (ValueError names
     what cannot be probed)."""
-    envs = [cfg.envs] if isinstance(cfg.envs, str) else list(cfg.envs)
-    env_overrides = OmegaConf.to_container(cfg.env_overrides, resolve=True)
-    env_cfgs = [load_env_config(str(name), config_dir, env_overrides) for name in envs]
-    specs = resolve_models(
-        cfg.models, cfg.engine, config_dir, OmegaConf.to_container(cfg.model_overrides, resolve=True)
-    )
+    specs, env_cfgs = resolve_cells(cfg, config_dir)
     for spec in specs:
         if spec.kind != "local":
             raise ValueError(f"{spec.label} is a built-in policy or a served model; the probe scores a local model.")
@@ -44,7 +39,11 @@ def probe_setup(cfg: DictConfig, config_dir: Path) -> tuple[list[ModelSpec], lis
             if reason:
                 raise ValueError(f"{spec.label} cannot play env={env_cfg['name']}: {reason}.")
     for env_cfg in env_cfgs:
-        check_probeable(make_env(env_cfg["id"], **env_cfg["kwargs"]))
+        env = make_env(env_cfg["id"], **env_cfg["kwargs"])
+        try:
+            check_probeable(env)
+        finally:
+            env.close()
     return specs, env_cfgs
 
 
@@ -53,13 +52,12 @@ def probe_moves(cfg: DictConfig, config_dir: Path) -> tuple[dict[str, dict[str, 
     out_dir/move_probe.json, and the lines to print."""
     specs, env_cfgs = probe_setup(cfg, config_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    results, lines = {}, []
-    for env_cfg in env_cfgs:
-        make = functools.partial(make_env, env_cfg["id"], **env_cfg["kwargs"])
-        first = None
-        for spec in specs:
-            policy = load_local_policy(spec, device)
-            formatter = DialogueFormatter(policy.tokenizer, policy.image_processor)
+    results, lines, first_masses = {}, [], {}
+    for spec in specs:  # each model loads once and is probed on every env
+        policy = load_local_policy(spec, device)
+        formatter = DialogueFormatter(policy.tokenizer, policy.image_processor)
+        for env_cfg in env_cfgs:
+            make = functools.partial(make_env, env_cfg["id"], **env_cfg["kwargs"])
             states = probe_states(make, formatter, eval_seeds(int(cfg.episodes)))
             optimal = np.array([state.optimal for state in states])
             preferences = move_preferences(policy.model, policy.image_processor or policy.tokenizer, states)
@@ -70,15 +68,15 @@ def probe_moves(cfg: DictConfig, config_dir: Path) -> tuple[dict[str, dict[str, 
                 f"preferred move optimal {summary['top_optimal']:.1%} (chance {summary['chance']:.3f}; "
                 f"{len(states)} states)"
             )
-            if first is None:
-                first = (spec.label, masses)
+            if spec is specs[0]:
+                first_masses[env_cfg["name"]] = masses
             else:
-                change, low, high, _ = paired_change(first[1], masses)
+                change, low, high, _ = paired_change(first_masses[env_cfg["name"]], masses)
                 summary |= {"change_vs_first": change, "change_ci": [low, high]}
-                line += f"; paired change vs {first[0]}: {change:+.3f} [{low:+.3f}, {high:+.3f}]"
+                line += f"; paired change vs {specs[0].label}: {change:+.3f} [{low:+.3f}, {high:+.3f}]"
             lines.append(line)
             results.setdefault(env_cfg["name"], {})[spec.label] = summary
-            del policy
+        del policy
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "move_probe.json").write_text(json.dumps(results, indent=1))

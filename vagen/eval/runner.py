@@ -322,9 +322,20 @@ EVAL_MODES = ("play", "failures", "move_probe")
 
 def check_mode(cfg: DictConfig) -> str:
     """`cfg.mode`, refused with the choices unless it is one of `EVAL_MODES`."""
-    if cfg.get("mode", "play") not in EVAL_MODES:
-        raise ValueError(f"mode={cfg.mode!r} is not one of {', '.join(EVAL_MODES)}.")
-    return str(cfg.get("mode", "play"))
+    mode = cfg.get("mode", "play")
+    if mode not in EVAL_MODES:
+        raise ValueError(f"mode={mode!r} is not one of {', '.join(EVAL_MODES)}.")
+    return str(mode)
+
+
+def resolve_cells(cfg: DictConfig, config_dir: Path) -> tuple[list[ModelSpec], list[dict[str, Any]]]:
+    """The rows (`model=`, with `model_overrides`) and columns (`env=`, with `env_overrides`) of `cfg`, resolved
+    before any weights load; an unknown name raises ValueError naming the choices."""
+    envs = [cfg.envs] if isinstance(cfg.envs, str) else list(cfg.envs)
+    env_overrides = OmegaConf.to_container(cfg.env_overrides, resolve=True)
+    env_cfgs = [load_env_config(str(name), config_dir, env_overrides) for name in envs]
+    model_overrides = OmegaConf.to_container(cfg.model_overrides, resolve=True)
+    return resolve_models(cfg.models, cfg.engine, config_dir, model_overrides), env_cfgs
 
 
 def _check_config(cfg: DictConfig) -> None:
@@ -342,11 +353,7 @@ def evaluate(cfg: DictConfig, config_dir: Path) -> EvalReport:
     """Run the benchmark described by `cfg` (configs/evaluate.yaml); `config_dir` holds env/ and model/."""
     started = time.monotonic()
     _check_config(cfg)
-    envs = [cfg.envs] if isinstance(cfg.envs, str) else list(cfg.envs)
-    env_overrides = OmegaConf.to_container(cfg.env_overrides, resolve=True)
-    env_cfgs = [load_env_config(str(name), config_dir, env_overrides) for name in envs]
-    model_overrides = OmegaConf.to_container(cfg.model_overrides, resolve=True)
-    specs = resolve_models(cfg.models, cfg.engine, config_dir, model_overrides)
+    specs, env_cfgs = resolve_cells(cfg, config_dir)
     episode_seeds(cfg)  # validates episodes, seed_offset and samples_per_seed before anything loads
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
