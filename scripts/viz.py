@@ -16,13 +16,14 @@ import sys
 from pathlib import Path
 
 import hydra
-import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from vagen.env import make_env
+from vagen.eval.runner import result_gif_episode
 from vagen.logging import read_metrics
 from vagen.logging.sinks import METRICS_FILENAME
-from vagen.viz import play_episode, save_episode_gif
+from vagen.rollout.chat import play_chat_episodes, policy_responder
+from vagen.viz import save_episode_gif
 from vagen.viz.plots import render_run, run_title
 
 MODES = ("plot", "gif")
@@ -44,11 +45,13 @@ def plot(cfg: DictConfig) -> list[str]:
 
 def gif(cfg: DictConfig) -> list[str]:
     env_kwargs = OmegaConf.to_container(cfg.env.kwargs, resolve=True) if cfg.env.get("kwargs") else {}
-    env = make_env(cfg.env.id, **env_kwargs)
-    record = play_episode(env, cfg.policy, seed=cfg.seed, max_turns=cfg.max_turns, rng=np.random.default_rng(cfg.seed))
+    if cfg.max_turns is not None:
+        env_kwargs["max_turns"] = int(cfg.max_turns)
+    make = lambda: make_env(cfg.env.id, **env_kwargs)
+    (result,) = play_chat_episodes(make, [int(cfg.seed)], policy_responder(cfg.policy), system_prompt=None)
+    record = result_gif_episode(result)
     out = cfg.out or f"outputs/gifs/{cfg.env.name}_{cfg.policy}_seed{cfg.seed}.gif"
     path = save_episode_gif(record, out, seconds_per_frame=cfg.seconds_per_frame, scale=cfg.scale)
-    env.close()
     return [
         f"GIF: {path} ({len(record.frames)} frames)",
         f"success: {record.success}  return: {record.total_reward:.2f}  turns: {len(record.rewards)}",

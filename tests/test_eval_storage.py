@@ -8,8 +8,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from vagen.eval import evaluate, rename_overrides
-from vagen.eval.episodes import EpisodeResult, TurnResult
 from vagen.eval.storage import CellStore
+from vagen.rollout.chat import EpisodeResult, TurnResult
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 

@@ -9,19 +9,25 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 
 from envs_text.sokoban import SokobanTextEnv
-from vagen.engines.base import derive_seed
 from vagen.env import RESPONSE_FORMATS, make_env, parse_response
 from vagen.env.policies import POLICIES, format_response
-from vagen.eval.api_rollout import play_chat_episodes, policy_responder
-from vagen.viz import EpisodeRecord, compose_frames, episode_gif, play_episode, recorded_episode, save_episode_gif
+from vagen.eval.runner import result_gif_episode
+from vagen.rollout.chat import play_chat_episodes, policy_responder
+from vagen.viz import EpisodeRecord, compose_frames, episode_gif, recorded_episode, save_episode_gif
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def play_episode(make, policy, seed):
+    """One episode of a built-in policy through the evaluator's chat loop, drawn as a GIF episode."""
+    (result,) = play_chat_episodes(make, [seed], policy_responder(policy), None)
+    return result_gif_episode(result)
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_solver_policy_solves_sokoban_through_the_public_api(seed):
-    env = make_env("vagen/Sokoban-v0", observation="image", dim_room=(6, 6), num_boxes=1, max_turns=10)
-    record = play_episode(env, "solver", seed=seed)
+    make = lambda: make_env("vagen/Sokoban-v0", observation="image", dim_room=(6, 6), num_boxes=1, max_turns=10)
+    record = play_episode(make, "solver", seed=seed)
     assert record.success
     assert len(record.frames) == len(record.responses) + 1
     assert record.rewards[-1] >= 10.0  # the solving turn carries the +10 bonus
@@ -30,8 +36,7 @@ def test_solver_policy_solves_sokoban_through_the_public_api(seed):
 
 
 def test_episode_gif_has_one_frame_per_state_and_reopens(tmp_path):
-    env = make_env("vagen/Sokoban-v0", observation="image")
-    record = play_episode(env, "solver", seed=0)
+    record = play_episode(lambda: make_env("vagen/Sokoban-v0", observation="image"), "solver", seed=0)
     path = save_episode_gif(record, tmp_path / "sub" / "episode.gif", seconds_per_frame=0.5)
     assert path.exists()
     with Image.open(path) as gif:
@@ -71,8 +76,7 @@ def test_captions_carry_reasoning_actions_and_reward():
 
 
 def test_text_only_env_still_gets_a_gif(tmp_path):
-    env = SokobanTextEnv(observation="text")
-    record = play_episode(env, "random", seed=3, max_turns=2)
+    record = play_episode(lambda: SokobanTextEnv(observation="text", max_turns=2), "random", seed=3)
     assert len(record.frames) == 3 and len(record.responses) == 2
     path = episode_gif(record.frames, record.captions(), tmp_path / "text.gif")
     with Image.open(path) as gif:
@@ -91,11 +95,18 @@ def test_an_episode_drawn_from_its_record_is_the_episode_played(observation):
     drawn = recorded_episode(
         5, states, [t.response for t in turns], [t.info["actions"] for t in turns], [t.reward for t in turns], False
     )
-    live = play_episode(make(), "random", seed=5, rng=np.random.default_rng(derive_seed(0, 5)))
-    assert drawn.responses == live.responses and drawn.thinks == live.thinks and drawn.rewards == live.rewards
-    assert drawn.captions() == live.captions() and len(drawn.frames) == len(live.frames) == 4
+    env = make()  # the same episode stepped again by hand: what the drawing must show
+    state, _ = env.reset(seed=5)
+    live_states, live_rewards = [state], []
+    for response in drawn.responses:
+        state, reward, *_ = env.step(response)
+        live_states.append(state)
+        live_rewards.append(reward)
+    assert drawn.rewards == live_rewards and len(drawn.frames) == len(live_states) == 4
+    assert drawn.thinks == [parse_response(r).think for r in drawn.responses]
     if observation == "image":
-        assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(drawn.frames, live.frames, strict=True))
+        live_frames = [state.images[0].convert("RGB") for state in live_states]
+        assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(drawn.frames, live_frames, strict=True))
     with pytest.raises(ValueError, match="turns \\+ 1"):
         recorded_episode(5, states[:-1], drawn.responses, drawn.actions, drawn.rewards, False)
 

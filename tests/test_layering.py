@@ -30,7 +30,7 @@ EDGES = {
     "engines": {"registry", "models", "env"},
     "rollout": {"engines", "env"},
     "diagnostics": {"registry", "models", "rollout"},  # scoring runs the model (diagnostics/scoring.py)
-    "viz": {"registry", "env"},
+    "viz": {"registry"},
     "forward": {"algos", "models", "rollout"},  # teacher-forced log-probs of a TokenBatch: the update's and SFT's
     "trainer": {
         "algos",

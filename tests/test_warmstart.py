@@ -12,6 +12,7 @@ from envs_text import sokoban as codes
 from vagen.bootstrap import demos as demo_module
 from vagen.bootstrap.demos import play_demo, sft_batch
 from vagen.bootstrap.tiny import build_tiny_vl, load_tiny_vl
+from vagen.bootstrap.tiny_text import make_text_game
 from vagen.bootstrap.warmstart import (
     FROZENLAKE_VISUAL,
     SHIPPED_DIR,
@@ -20,6 +21,7 @@ from vagen.bootstrap.warmstart import (
     backward_sft_batch,
     build_warm_tiny_vl,
     evaluate_model,
+    evaluate_scripted,
     make_frozenlake_visual,
     make_sokoban_visual,
     pretrain_vision,
@@ -249,6 +251,29 @@ def test_shipped_tiny_vl_is_the_current_recipe_and_plays_as_its_report_says(tmp_
     greedy = evaluate_model(model, processor, episodes, 0.0, report["recipe"]["max_new_tokens"])
     assert abs(greedy["success"] - report["eval"]["greedy"]["success"]) <= 3 / episodes
     assert greedy["success"] > 2 * report["eval"]["random"]["success"]
+
+
+@pytest.mark.parametrize(
+    ("build", "game"),
+    [
+        ("warm-tiny-vl-default-seed0", None),
+        ("warm-tiny-vl-default-seed0", "frozenlake_visual"),
+        ("warm-tiny-text-default-seed0", None),
+        ("warm-tiny-text-default-seed0", "frozenlake_text"),
+    ],
+)
+def test_shipped_reports_scripted_baselines_replay_exactly(build, game):
+    """The reports' random and solver rows are played by the evaluator's chat loop on the report's seeds: replayed,
+    they give exactly the shipped numbers (no model, so no float differences)."""
+    report = read_report(SHIPPED_DIR / build)
+    block = report["other_games"][game]["eval"] if game else report["eval"]
+    name = game or report["env"]
+    make = {"sokoban_visual": make_sokoban_visual, "frozenlake_visual": make_frozenlake_visual}.get(name)
+    make = make or (lambda: make_text_game(name))
+    episodes = report["recipe"]["eval_episodes"]
+    assert block["seeds"] == [eval_seeds(episodes)[0], eval_seeds(episodes)[-1]]
+    for policy in ("random", "solver"):
+        assert evaluate_scripted(policy, episodes, make) == block[policy], policy
 
 
 @pytest.mark.slow(seconds=590)

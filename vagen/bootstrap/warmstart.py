@@ -33,16 +33,16 @@ from tqdm.auto import tqdm
 from vagen.algos.losses import aggregation_share
 from vagen.bootstrap.demos import Demo, demonstrations, sft_batch
 from vagen.bootstrap.tiny import build_tiny_vl, load_tiny_vl
-from vagen.engines.base import derive_seed
 from vagen.engines.hf import HFEngine
 from vagen.env import make_env
-from vagen.env.policies import POLICIES, RELATIVE_DIRECTIONS, relative_direction
+from vagen.env.policies import RELATIVE_DIRECTIONS, relative_direction
 from vagen.forward import policy_forward
 from vagen.models.cache import build_once, cache_root, read_stamp
 from vagen.models.precision import emulated_bf16_warning
 from vagen.models.processor import save_processor
 from vagen.rollout import DialogueFormatter
 from vagen.rollout.batch import TokenBatch
+from vagen.rollout.chat import play_chat_episodes, policy_responder
 from vagen.rollout.validation import episode_metrics, eval_seeds, validation_episodes
 
 # Bump when anything below changes what a build produces (think text, masking, evaluation), so caches rebuild.
@@ -348,22 +348,10 @@ def evaluate_model(
 
 def evaluate_scripted(policy: str, episodes: int, make: EnvFactory | None = None) -> dict[str, float]:
     """Success rate of a built-in policy (`random`, `solver`) on the first `episodes` held-out seeds of `make`
-    (sokoban_visual). Episode k's random stream is keyed by (k, its env seed), as `scripts/evaluate.py` keys it."""
-    env = make() if make is not None else make_sokoban_visual(observation="text")
-    act = POLICIES.get(policy)
-    successes = []
-    for index, episode_seed in enumerate(eval_seeds(episodes)):
-        rng = np.random.default_rng(derive_seed(index, episode_seed))
-        env.reset(seed=episode_seed)
-        done, info = False, {"success": False}
-        while not done:
-            if policy == "solver" and not env.unwrapped.solver_actions():
-                break
-            _, _, terminated, truncated, info = env.step(act(env, rng))
-            done = terminated or truncated
-        successes.append(info["success"])
-    env.close()
-    return {"success": float(np.mean(successes))}
+    (sokoban_visual), played by the evaluator's chat loop, so episode k's random stream is keyed as there."""
+    make = make if make is not None else lambda: make_sokoban_visual(observation="text")
+    results = play_chat_episodes(make, eval_seeds(episodes), policy_responder(policy), system_prompt=None)
+    return {"success": float(np.mean([result.success for result in results]))}
 
 
 def evaluate_all(

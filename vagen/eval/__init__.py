@@ -1,7 +1,6 @@
 """Benchmarking: models (local, vLLM, API) and built-in policies on environments, with tables, GIFs and plots."""
 
-from vagen.eval.api_rollout import Reply, api_responder, play_chat_episodes, policy_responder
-from vagen.eval.episodes import EpisodeResult, TurnResult, episode_record
+from vagen.eval.episodes import episode_record
 from vagen.eval.models import ModelSpec, resolve_models
 from vagen.eval.runner import EVAL_MODES, EvalReport, check_mode, evaluate, rename_overrides
 from vagen.eval.storage import CellStore
@@ -13,6 +12,7 @@ from vagen.eval.summary import (
     summarize_cell,
     write_summary,
 )
+from vagen.rollout.chat import EpisodeResult, Reply, TurnResult, api_responder, play_chat_episodes, policy_responder
 from vagen.rollout.validation import EVAL_SEED_BASE, eval_seeds, wilson_interval
 
 __all__ = [

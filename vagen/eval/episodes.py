@@ -11,50 +11,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from PIL import Image
-
 from vagen.rollout import Trajectory
+from vagen.rollout.chat import EpisodeResult, TurnResult
 
 RECORD_FORMAT = "vagen.eval.episode/1"
-
-
-@dataclass
-class TurnResult:
-    """One answered turn: what the agent saw and wrote, and what the environment did with it.
-
-    response_tokens: sampled tokens (local engines), the server's completion count (API), None for
-        scripted policies or servers that report no usage.
-    """
-
-    observation: str
-    images: list[Image.Image]
-    response: str
-    reward: float = 0.0
-    info: dict[str, Any] = field(default_factory=dict)
-    response_tokens: int | None = None
-    finish_reason: str | None = None
-
-
-@dataclass
-class EpisodeResult:
-    """One episode from `env.reset(seed=seed)`. `error` is set when it could not be played to its end
-    (an API request that finally failed, a policy that raised); its turns are those answered before."""
-
-    seed: int
-    system_prompt: str | None
-    turns: list[TurnResult] = field(default_factory=list)
-    end_reason: str = ""
-    error: str | None = None
-    wall_time_s: float = 0.0
-    final_observation: str | None = None  # the state the episode ended in (None: it ended on an error)
-    final_images: list[Image.Image] = field(default_factory=list)
-
-    @property
-    def success(self) -> bool:
-        return bool(self.error is None and self.turns and self.turns[-1].info.get("success", False))
 
 
 def from_trajectory(trajectory: Trajectory, system_prompt: str) -> EpisodeResult:

@@ -28,12 +28,12 @@ from PIL import Image
 from vagen.engines.api import ApiEngine, check_api_key_env, check_base_url, redact_secrets
 from vagen.engines.base import EngineSource, SamplingParams, build_engine
 from vagen.env import make_env
-from vagen.eval.api_rollout import Responder, api_responder, play_chat_episodes, policy_responder
-from vagen.eval.episodes import EpisodeResult, from_trajectory
+from vagen.eval.episodes import from_trajectory
 from vagen.eval.models import ModelSpec, export_for_vllm, load_local_policy, resolve_models
 from vagen.eval.storage import CellStore, atomic_write_text
 from vagen.eval.summary import markdown_table, plot_success, summarize_cell, write_summary
 from vagen.rollout import DialogueFormatter, RolloutSpec, collect_rollouts
+from vagen.rollout.chat import EpisodeResult, Responder, api_responder, play_chat_episodes, policy_responder
 from vagen.rollout.context import DEFAULT_SYSTEM_PROMPT
 from vagen.rollout.validation import eval_seeds
 from vagen.viz.gif import EpisodeRecord, recorded_episode, save_episode_gif
@@ -245,6 +245,21 @@ def recorded_gif_episode(store: CellStore, record: dict[str, Any]) -> EpisodeRec
     responses = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
     return recorded_episode(
         record["seed"], observations, responses, record["actions"], record["rewards"], record["success"]
+    )
+
+
+def result_gif_episode(result: EpisodeResult) -> EpisodeRecord:
+    """The GIF episode of an `EpisodeResult` that was just played, drawn from its turns and final state."""
+    if result.final_observation is None:
+        raise ValueError(f"episode {result.seed} ended on an error ({result.error}); it has no final state to draw.")
+    observations = [(t.observation, t.images) for t in result.turns] + [(result.final_observation, result.final_images)]
+    return recorded_episode(
+        result.seed,
+        observations,
+        [t.response for t in result.turns],
+        [t.info.get("actions", []) for t in result.turns],
+        [t.reward for t in result.turns],
+        result.success,
     )
 
 

@@ -22,7 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from vagen.eval.episodes import RECORD_FORMAT, EpisodeResult, episode_record, record_problem
+from vagen.eval.episodes import RECORD_FORMAT, episode_record, record_problem
+from vagen.rollout.chat import EpisodeResult
 
 logger = logging.getLogger(__name__)
 

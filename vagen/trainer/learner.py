@@ -296,7 +296,7 @@ class Learner:
         if release is not None:
             release()
         # A snapshot on the weights' own device: a host copy of a 3B model and the norm over it in host float32 took
-        # 14 s of a 20 s update on an H100 (scripts/bench_gpu.py); the memory plan counts it ("snapshot").
+        # 14 s of a 20 s update on an H100 (benchmarks/bench_gpu.py); the memory plan counts it ("snapshot").
         before = [p.detach().clone() for p in self.trainable_parameters()]
         shuffle = torch.Generator().manual_seed(derive_seed(self.cfg.seed, iteration, SHUFFLE_STREAM))
         first_order = torch.randperm(len(batch), generator=shuffle)

@@ -39,7 +39,7 @@ Peak = weights + reference + critic + lora + optimizer + vllm + max(grads + snap
 weights, optimizer states and vLLM's reservation live all run, gradients, the snapshot and activations only during
 the update and the hf engine's KV cache only during the rollout. Not counted: the no-grad old/reference log-prob
 passes (a layer at a time, smaller than the update), allocator fragmentation, CUDA context (~0.5 GiB) and the Python
-heap. `scripts/bench_memory_plan.py` compares the plan with measured peaks.
+heap. `benchmarks/bench_memory_plan.py` compares the plan with measured peaks.
 """
 
 from __future__ import annotations

@@ -168,7 +168,7 @@ class StarPOTrainer:
     def train_iteration(self, around: Callable[[str], AbstractContextManager] | None = None) -> dict[str, float]:
         """One StarPO iteration; returns its metrics (namespace/name → float).
 
-        around: a hook for measurements (`scripts/bench_iteration.py` counts FLOPs with it): each phase, "rollout"
+        around: a hook for measurements (`benchmarks/bench_iteration.py` counts FLOPs with it): each phase, "rollout"
         (with its filter and rerolls), "diagnostics", "update" and "sync", runs inside the context `around(phase)`.
         """
         phase = around or (lambda name: nullcontext())

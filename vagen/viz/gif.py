@@ -1,10 +1,9 @@
 """Episode GIFs: each state's image with what the agent thought, did and earned underneath.
 
-`play_episode` runs one episode with a policy through the public env API and records every
-state's frame; `recorded_episode` draws an episode that was already played (a training rollout, an evaluation
-record) from its recorded observations, stepping no env; `episode_gif` turns frames plus captions into an
-animated GIF. Frames are shown at an explicit integer `scale` (nearest neighbour, so pixels stay crisp); nothing
-else resizes.
+`recorded_episode` draws an episode that was already played (a training rollout, an evaluation record, a
+scripted policy's episode) from its recorded observations, stepping no env; `episode_gif` turns frames plus
+captions into an animated GIF. Frames are shown at an explicit integer `scale` (nearest neighbour, so pixels
+stay crisp); nothing else resizes.
 """
 
 from __future__ import annotations
@@ -16,13 +15,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-import gymnasium
-import numpy as np
 from PIL import Image, ImageDraw, ImageFont
-
-from vagen.env.observation import Observation
-from vagen.env.parsing import parse_response
-from vagen.env.policies import POLICIES, Policy
 
 PANEL_BACKGROUND, PANEL_INK, STATE_MARKER = (250, 250, 247), (25, 25, 35), "Current state:"
 THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)  # the captions' reasoning, whatever the response format
@@ -74,52 +67,6 @@ def text_frame(text: str, font_px: int = 16) -> Image.Image:
         for col, char in enumerate(line):  # per character: a proportional font would skew the grid
             draw.text((cell_w * (col + 1.5), cell_h * (row + 1)), char, fill=PANEL_INK, font=font, anchor="mm")
     return image
-
-
-def state_frame(env: gymnasium.Env, observation: Observation) -> Image.Image:
-    """The picture of the current state: the observation's image, else the game's renderer (a
-    visual env run in text mode), else the state text drawn as an image."""
-    game = env.unwrapped
-    if not observation.images and getattr(game, "supports_images", False):
-        return game._render_image().convert("RGB")
-    return recorded_frame(observation.text, observation.images)
-
-
-def play_episode(
-    env: gymnasium.Env,
-    policy: Policy | str,
-    seed: int,
-    max_turns: int | None = None,
-    rng: np.random.Generator | None = None,
-) -> EpisodeRecord:
-    """Play one episode from `env.reset(seed=seed)` until it ends or `max_turns` turns are played.
-
-    `policy` is a callable `policy(env, rng) -> response` or a name in `POLICIES`; `rng` defaults
-    to one seeded by `seed`, so the whole episode is reproducible.
-    """
-    policy = POLICIES.get(policy) if isinstance(policy, str) else policy
-    rng = rng if rng is not None else np.random.default_rng(seed)
-    game = env.unwrapped
-    observation, _ = env.reset(seed=seed)
-    record = EpisodeRecord(seed=seed, frames=[state_frame(env, observation)])
-    done = False
-    while not done and (max_turns is None or len(record.responses) < max_turns):
-        response = policy(env, rng)
-        observation, reward, terminated, truncated, info = env.step(response)
-        parsed = parse_response(
-            response,
-            response_format=game.response_format,
-            action_separator=game.action_separator,
-            max_actions=game.max_actions_per_turn,
-        )
-        record.responses.append(response)
-        record.thinks.append(parsed.think)
-        record.actions.append(list(info["actions"]))
-        record.rewards.append(float(reward))
-        record.success = bool(info["success"])
-        record.frames.append(state_frame(env, observation))
-        done = terminated or truncated
-    return record
 
 
 def recorded_frame(text: str, images: Sequence[Image.Image]) -> Image.Image:

@@ -6,10 +6,10 @@ weights; its tokenizer and processor are the project's tiny ones (vagen.bootstra
 but every tensor has the real size: 151,936-entry embeddings and LM head, 36 decoder layers, a 32-block vision tower.
 It needs torch, transformers and torchvision-free processing only: the hf engine generates (no vLLM, no network).
 
-    python scripts/bench_gpu.py [scale=3b|tiny] [modes=full,lora] [groups=2] [group_size=4] [micro_batch=2]
+    python benchmarks/bench_gpu.py [scale=3b|tiny] [modes=full,lora] [groups=2] [group_size=4] [micro_batch=2]
                                 [max_turns=3] [max_new_tokens=64] [context=2048] [grad_ckpt=false] [folder=DIR]
-    python scripts/bench_gpu.py              # the 3B architecture, bf16, on the GPU
-    python scripts/bench_gpu.py scale=tiny   # a few narrow layers: proves the script on a CPU in minutes
+    python benchmarks/bench_gpu.py              # the 3B architecture, bf16, on the GPU
+    python benchmarks/bench_gpu.py scale=tiny   # a few narrow layers: proves the script on a CPU in minutes
 
     scale            3b: the published architecture; tiny: a few narrow layers, the same vocabulary
     modes            comma-separated: full, lora

@@ -1,6 +1,6 @@
 """One process against `trainer.workers=2` Ray workers on the same run, side by side, iterations interleaved.
 
-    python scripts/bench_scale.py [iterations=4] [threads=2] [hydra overrides for scripts/train.py ...]
+    python benchmarks/bench_scale.py [iterations=4] [threads=2] [hydra overrides for scripts/train.py ...]
 
 Both trainers are built first (the default run unless overridden: tiny_vl on sokoban_visual, GRPO, 8 groups × 8
 rollouts), then their iterations alternate, so machine noise falls on both. The single process uses `threads`

@@ -7,7 +7,7 @@ Each configuration runs in a fresh subprocess: it builds a ~100M-parameter Qwen2
 states); the estimate is the plan's weights + lora + grads + optimizer + activations for the same model and
 batch (no reference, critic or KV cache).
 
-    python scripts/bench_memory_plan.py [batch=4] [seq=512] [sampled=256]
+    python benchmarks/bench_memory_plan.py [batch=4] [seq=512] [sampled=256]
 
     batch     dialogues per micro-batch
     seq       tokens per dialogue

@@ -1,7 +1,7 @@
 """Environment throughput: resets/s, steps/s with text and with image observations, render time,
 and 6×6 Sokoban level generation; gym-sokoban beside it when it is installed.
 
-    python scripts/bench_envs.py [seconds=1.0]
+    python benchmarks/bench_envs.py [seconds=1.0]
 
     seconds   wall time per measured cell (1.0: about 1 s per cell; seconds=3 gives steadier numbers)
 

@@ -1,6 +1,6 @@
 """One training iteration of two commits side by side, at equal work: seconds per phase, the ratio, and FLOP/s.
 
-    python scripts/bench_iteration.py before=<git ref> [after=.] [iterations=3] [rounds=2] [threads=2] [overrides...]
+    python benchmarks/bench_iteration.py before=<git ref> [after=.] [iterations=3] [rounds=2] [threads=2] [overrides...]
 
 Each side runs in its own process from its own checkout (a temporary `git worktree` of the ref; `.` is this
 working tree) with the same config: by default the default run (`env=sokoban_visual`, tiny_vl, 8 × 8 episodes), MI

@@ -1,8 +1,9 @@
 """Our StarPO iteration against TRL's GRPOTrainer on the same work, side by side in one process.
 
-    python scripts/bench_trl.py [model=smollm2_135m|tiny_text_test] [iterations=6] [threads=2] [trl_checkpointing=true]
-    python scripts/bench_trl.py profile=true [model=...]   # torch.profiler top ops of our iteration, before/after
-    python scripts/bench_trl.py mi_only=true [iterations=4]  # only the MI-scoring fraction (no TRL needed)
+    python benchmarks/bench_trl.py [model=smollm2_135m|tiny_text_test] [iterations=6] [threads=2]
+        [trl_checkpointing=true]
+    python benchmarks/bench_trl.py profile=true [model=...]   # torch.profiler top ops of our iteration, before/after
+    python benchmarks/bench_trl.py mi_only=true [iterations=4]  # only the MI-scoring fraction (no TRL needed)
 
 Needs TRL (`pip install -e .[bench]`; never a dependency of the package). The work, identical for both:
 the single-turn bandit (`env=bandit_text`), 8 prompts × 4 samples, 24 new tokens, temperature 1, GRPO

@@ -1,6 +1,6 @@
 """Is bf16 autocast a speed-up on this machine? One SFT forward/backward of tiny_vl, float32 against bf16, side by side.
 
-    python scripts/bench_precision.py [dialogues=16] [repeats=3] [threads=2]
+    python benchmarks/bench_precision.py [dialogues=16] [repeats=3] [threads=2]
 
     dialogues   dialogues in the step (the SFT batch size)
     repeats     timed steps per precision, alternating

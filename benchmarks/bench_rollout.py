@@ -5,7 +5,7 @@ sequence generates exactly that many), in one run; prints a table with tokens/s 
 times the transformers engine on the tiny Qwen2.5-VL with one image per prompt when
 `vagen.bootstrap.tiny` is available, and the vLLM engine on it when vLLM can run it.
 
-    python scripts/bench_rollout.py [batch=32] [new_tokens=64] [image_side=240] [skip_tiny_vl=false]
+    python benchmarks/bench_rollout.py [batch=32] [new_tokens=64] [image_side=240] [skip_tiny_vl=false]
 
     batch          prompts per generate call
     new_tokens     tokens generated per prompt

@@ -1,5 +1,9 @@
 """A chat-message agent loop, for agents that answer in text: API models and the built-in scripted policies.
 
+It plays the evaluator's API and scripted cells, the warm-start report's random and solver baselines, and the
+GIFs of `scripts/viz.py mode=gif`; every episode ends in an `EpisodeResult`. (Local models play through the
+token-level loop, `collect_rollouts`, whose trajectories `vagen.eval.episodes.from_trajectory` converts.)
+
 Each turn, every live episode's dialogue goes to a *responder* in one call (`respond(episodes) ->
 replies`), so an API responder sends them all concurrently (`ApiEngine.generate_chat`). A reply with
 an `error` ends that episode at once, recorded as failed, while the others go on: one failing request
@@ -18,10 +22,46 @@ from typing import Any
 
 import gymnasium
 import numpy as np
+from PIL import Image
 
 from vagen.engines.base import SamplingParams, derive_seed
 from vagen.env.policies import POLICIES
-from vagen.eval.episodes import EpisodeResult, TurnResult
+
+
+@dataclass
+class TurnResult:
+    """One answered turn: what the agent saw and wrote, and what the environment did with it.
+
+    response_tokens: sampled tokens (local engines), the server's completion count (API), None for
+        scripted policies or servers that report no usage.
+    """
+
+    observation: str
+    images: list[Image.Image]
+    response: str
+    reward: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+    response_tokens: int | None = None
+    finish_reason: str | None = None
+
+
+@dataclass
+class EpisodeResult:
+    """One episode from `env.reset(seed=seed)`. `error` is set when it could not be played to its end
+    (an API request that finally failed, a policy that raised); its turns are those answered before."""
+
+    seed: int
+    system_prompt: str | None
+    turns: list[TurnResult] = field(default_factory=list)
+    end_reason: str = ""
+    error: str | None = None
+    wall_time_s: float = 0.0
+    final_observation: str | None = None  # the state the episode ended in (None: it ended on an error)
+    final_images: list[Image.Image] = field(default_factory=list)
+
+    @property
+    def success(self) -> bool:
+        return bool(self.error is None and self.turns and self.turns[-1].info.get("success", False))
 
 
 @dataclass
