@@ -72,8 +72,8 @@ ARMS = {
     "gigpo_sil3e-4": ["algorithm=gigpo", "trainer.lr=3e-4", "algorithm.advantage_min=0"],
     # no per-action cost: an all-fail group's spread is then 0 (no update), not "fewer moves" scaled to unit advantages
     "gigpo_nostep": ["algorithm=gigpo", "trainer.lr=1e-4", "env.kwargs.step_penalty=0"],
-    # GiGPO's mean_norm variant: advantages not divided by the group's std, so an all-fail group's small "fewer
-    # moves" spread stays small next to a mixed group's solve spread (the step cost still ranks solutions by length)
+    # GiGPO's mean_norm variant: advantages in reward units, not divided by the group's std, so groups weigh by their
+    # reward spread: a solve/fail difference (10) outweighs a move-count difference (0.1 a move) about 100 times
     "gigpo_meannorm": ["algorithm=gigpo", "trainer.lr=1e-4", "algorithm.normalize_std=false"],
 }
 Z_95 = 1.959964
