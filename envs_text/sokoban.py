@@ -182,7 +182,9 @@ class SokobanTextEnv(LanguageEnv):
     Rewards:
         `step_penalty` per executed action (-0.1, gym-sokoban's), +1 for a box onto a target, -1 for a box off
         a target, +10 when all boxes are on targets. A push into a wall or a second box does nothing but still
-        costs the step penalty.
+        costs the step penalty. With `step_penalty_on_solve`, the step penalties of all the episode's actions are
+        charged together at the solving action and a failed episode pays none: solutions are still ranked by
+        length, while failed attempts are not ranked by how little they moved.
         With `distance_shaping` = c > 0, each action also earns c · (d before − d after), where d is the
         solver's fewest-moves distance to the solution (`2 · (height + width)` from a dead end): a
         potential-based shaping (Ng, Harada & Russell 1999) that keeps the optimal policies and gives a
@@ -205,6 +207,7 @@ class SokobanTextEnv(LanguageEnv):
         num_levels: int | None = None,
         distance_shaping: float = 0.0,
         step_penalty: float = STEP_PENALTY,
+        step_penalty_on_solve: bool = False,
         cell_separator: str = "",
         list_positions: bool = False,
         **base_kwargs: Any,
@@ -213,6 +216,9 @@ class SokobanTextEnv(LanguageEnv):
         if not step_penalty <= 0:
             raise ValueError(f"step_penalty must be <= 0 (a cost per action; 0 = none), got {step_penalty}.")
         self.step_penalty = float(step_penalty)
+        if not isinstance(step_penalty_on_solve, bool):
+            raise ValueError(f"step_penalty_on_solve must be true or false, got {step_penalty_on_solve!r}.")
+        self.step_penalty_on_solve = step_penalty_on_solve
         if not distance_shaping >= 0:
             raise ValueError(f"distance_shaping must be >= 0 (0 = off), got {distance_shaping}.")
         self.distance_shaping = float(distance_shaping)
@@ -278,7 +284,7 @@ class SokobanTextEnv(LanguageEnv):
             return ActionResult(reward=0.0, effective=False, truncated=True)
         self._steps += 1
         fixed, boxes, step = self._fixed, self._boxes, self._offsets[action]
-        reward, effective = self.step_penalty, False
+        reward, effective = (0.0 if self.step_penalty_on_solve else self.step_penalty), False
         ahead = self._player + step
         if fixed[ahead] != WALL:
             if ahead not in boxes:
@@ -298,7 +304,7 @@ class SokobanTextEnv(LanguageEnv):
             reward += self.distance_shaping * (distance - self._distance)
         success = self._boxes_on_target == len(boxes)
         if success:
-            reward += SUCCESS_REWARD
+            reward += SUCCESS_REWARD + (self.step_penalty * self._steps if self.step_penalty_on_solve else 0.0)
         out_of_steps = not success and self._steps >= self.max_steps
         return ActionResult(
             reward=reward, effective=effective, terminated=success, truncated=out_of_steps, success=success

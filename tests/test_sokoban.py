@@ -207,6 +207,25 @@ def test_step_penalty_is_the_cost_of_each_action():
         make_env(step_penalty=0.1)
 
 
+def test_step_penalty_on_solve_charges_every_action_at_the_solve_and_nothing_on_a_failure():
+    """Worked example, level `#_PX_O#` (box two pushes from its target), step_penalty -0.1: a 6-action solve
+    (Up, Down, Left; then Right, and two pushes, the second onto the target) earns 0 on the first turn and
+    1 + 10 - 0.6 on the solving one, the same return as the per-action charge; a failed episode pays none."""
+    level = "#######\n#_____#\n#_PX_O#\n#_____#\n#######"
+    plain, on_solve = start(level), start(level, step_penalty_on_solve=True)
+    first = [env.step(answer("Up", "Down", "Left"))[1] for env in (plain, on_solve)]
+    assert first == [pytest.approx(-0.3), 0.0]
+    _, r_plain, *_ = plain.step(answer("Right", "Right", "Right"))
+    _, r_solve, terminated, _, info = on_solve.step(answer("Right", "Right", "Right"))
+    assert terminated and info["success"] and info["actions"] == ["Right", "Right", "Right"]
+    assert r_solve == pytest.approx(1.0 + 10.0 - 0.1 * 6) and sum(first) + r_plain == pytest.approx(r_solve)
+    failing = start(level, step_penalty_on_solve=True, max_turns=2)
+    returns = [failing.step(answer("Up", "Down", "Up"))[1] for _ in range(2)]
+    assert returns == [0.0, 0.0] and failing.unwrapped._steps == 6
+    with pytest.raises(ValueError, match="step_penalty_on_solve"):
+        make_env(step_penalty_on_solve="yes")
+
+
 def test_max_steps_truncates_and_stops_the_turn():
     env = start("######\n#PX_O#\n######", max_steps=3)
     _, reward, terminated, truncated, info = env.step(answer("Up", "Up", "Up", "Right"))
