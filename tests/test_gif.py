@@ -91,10 +91,7 @@ def test_an_episode_drawn_from_its_record_is_the_episode_played(observation):
     (played,) = play_chat_episodes(make, [5], policy_responder("random"), None)
     assert played.final_observation is not None and len(played.turns) == 3
     states = [(t.observation, t.images) for t in played.turns] + [(played.final_observation, played.final_images)]
-    turns = played.turns
-    drawn = recorded_episode(
-        5, states, [t.response for t in turns], [t.info["actions"] for t in turns], [t.reward for t in turns], False
-    )
+    drawn = result_gif_episode(played)
     env = make()  # the same episode stepped again by hand: what the drawing must show
     state, _ = env.reset(seed=5)
     live_states, live_rewards = [state], []

@@ -152,6 +152,7 @@ def play_chat_episodes(
     share = (time.monotonic() - started) / max(len(episodes), 1)
     for episode in episodes:
         episode.result.wall_time_s = share
+        episode.env.close()
     return [episode.result for episode in episodes]
 
 
