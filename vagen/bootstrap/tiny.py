@@ -336,5 +336,5 @@ def load_tiny_text_lm(
     path: str | Path, dtype: torch.dtype = torch.float32
 ) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
     """The causal LM (in eval mode) and tokenizer saved in `path` by `build_tiny_text_lm`."""
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)  # Qwen2, or tiny_text's BoardQwen2 (registered)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)  # Qwen2, or BoardQwen2 (registered by vagen.models)
     return model.eval(), PreTrainedTokenizerFast.from_pretrained(path)

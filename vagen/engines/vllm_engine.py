@@ -136,7 +136,7 @@ class VLLMEngine:
         config = Path(source.model_path) / "config.json"
         if config.exists() and json.loads(config.read_text()).get("model_type") == BoardQwen2Config.model_type:
             raise ValueError(
-                f"{source.model_path} is a vagen board model (tiny_text: board cells carry their row and column), "
+                f"{source.model_path} is a vagen board model (BoardQwen2: board cells carry their row and column), "
                 "which vLLM cannot run; use the transformers engine (rollout=hf, or engine=hf to evaluate)."
             )
         mode = engine_kwargs.get("logprobs_mode", "processed_logprobs")

@@ -56,7 +56,7 @@ QKV_BIAS_TYPES = (  # q/k/v projections with a bias
     "qwen2_5_vl_text",
     "qwen2_vl",
     "qwen2_vl_text",
-    "vagen_board_qwen2",  # tiny_text (vagen.models.board_lm)
+    "vagen_board_qwen2",  # vagen.models.board_lm
 )
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")  # configs/train.yaml
 LOGIT_TENSORS = 8  # fp32 [n, V] tensors alive at the LM head's backward (see the module docstring)
