@@ -5,8 +5,8 @@
                                       [threads=2] [out=DIR]
 
 Builds tiny_text's untrained model with the grid tokenizer, as `BoardQwen2ForCausalLM` (`board=true`: every board
-cell's embedding gets a learned row and column embedding, `vagen.models.board_lm`) or as the plain Qwen2 of today's
-recipe (`board=false`); runs `reading_steps` of board reading (`vagen.bootstrap.tiny_text.pretrain_boards`: one
+cell's embedding gets a learned row and column embedding, `vagen.models.board_lm`) or as the plain Qwen2 of recipe
+version 1 (`board=false`); runs `reading_steps` of board reading (`vagen.bootstrap.tiny_text.pretrain_boards`: one
 board -> the game's `<think>` text); then the warm start of `TINY_TEXT_RECIPE` with `steps` SFT steps at `lr` on
 sokoban_text + frozenlake_text. Writes out/ as a model folder with its report.json (held-out success before and after
 SFT, greedy and at T=0.5) and board_reading.json (the reading losses). `research/text_token_loss.py model=out` then

@@ -14,6 +14,7 @@ from vagen.bootstrap.tiny import build_tiny_vl, load_tiny_text_lm
 from vagen.bootstrap.tiny_text import (
     TEXT_GAMES,
     TINY_TEXT_RECIPE,
+    BoardReading,
     build_tiny_text,
     build_warm_tiny_text,
     cell_tokens,
@@ -76,23 +77,27 @@ def test_every_text_env_trains_tiny_text_by_default_and_model_still_overrides(en
 
 
 def test_the_recipe_stamp_forces_a_rebuild(tmp_path, monkeypatch):
-    """A build is reused while the recipe is the same and rebuilt when it changes; the shipped folder only while its
-    stamp is the recipe's."""
+    """A build is reused while the recipe and the board reading are the same and rebuilt when either changes; the
+    shipped folder only while its stamp is the recipe's."""
     built = []
 
     def fake_warm_start(model, tokenizer, recipe, folder, *args, **kwargs):
         built.append(recipe)
-        (folder / "report.json").write_text("{}")
+        return {}
 
     monkeypatch.setattr(tiny_text, "warm_start", fake_warm_start)
-    recipe = replace(TINY_TEXT_RECIPE, size="test")
-    folder = build_warm_tiny_text(tmp_path, recipe)
+    recipe, reading = replace(TINY_TEXT_RECIPE, size="test"), BoardReading(steps=2, batch_size=2, boards=2)
+    folder = build_warm_tiny_text(tmp_path, recipe, reading)
     assert folder.parent == tmp_path and len(built) == 1
-    assert build_warm_tiny_text(tmp_path, recipe) == folder and len(built) == 1  # same recipe: reused
+    assert build_warm_tiny_text(tmp_path, recipe, reading) == folder and len(built) == 1  # same recipe: reused
     changed = replace(recipe, steps=recipe.steps + 1)
-    assert build_warm_tiny_text(tmp_path, changed) == folder and built[-1] == changed  # another recipe: rebuilt
+    assert build_warm_tiny_text(tmp_path, changed, reading) == folder and built[-1] == changed  # rebuilt
     assert read_stamp(folder)["recipe"]["steps"] == changed.steps
-    assert read_stamp(folder) == tiny_text_stamp(changed, build_tiny_text(tmp_path, size="test"))
+    more_reading = replace(reading, steps=3)
+    assert build_warm_tiny_text(tmp_path, changed, more_reading) == folder and len(built) == 3  # rebuilt
+    assert read_report(folder)["board_reading"]["steps"] == 3 and len(read_report(folder)["board_reading"]["loss"])
+    base = build_tiny_text(tmp_path, size="test")
+    assert read_stamp(folder) == tiny_text_stamp(changed, more_reading, base)
 
 
 @pytest.mark.slow(seconds=40)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vagen.bootstrap.tiny import build_tiny_text_lm, build_tiny_vl
-from vagen.bootstrap.tiny_text import TINY_TEXT_RECIPE, build_tiny_text, build_warm_tiny_text
+from vagen.bootstrap.tiny_text import TINY_TEXT_RECIPE, BoardReading, build_tiny_text, build_warm_tiny_text
 from vagen.bootstrap.warmstart import SHIPPED_DIR, WarmStartRecipe, build_warm_tiny_vl
 from vagen.models.lora import materialize_adapter
 from vagen.models.registry import MODEL_SOURCES, load_policy
@@ -28,6 +28,7 @@ QUICK_WARM_START = {
     "vision_batch_size": 16,
     "eval_episodes": 8,
 }
+QUICK_BOARD_READING = BoardReading(steps=20, batch_size=8, boards=32)  # tiny_text's test size
 
 
 @MODEL_SOURCES.register("tiny_vl")
@@ -75,9 +76,10 @@ def tiny_text_source(path: str | None, size: str | None) -> str:
 @MODEL_SOURCES.register("tiny_text_warm")
 def tiny_text_warm_source(path: str | None, size: str | None) -> str:
     size = size or "default"
+    if size == "default":
+        return str(build_warm_tiny_text())
     quick = {**QUICK_WARM_START, "vision_steps": 0}  # the test size: a text model has no vision tower
-    recipe = TINY_TEXT_RECIPE if size == "default" else replace(TINY_TEXT_RECIPE, size=size, **quick)
-    return str(build_warm_tiny_text(recipe=recipe))
+    return str(build_warm_tiny_text(recipe=replace(TINY_TEXT_RECIPE, size=size, **quick), reading=QUICK_BOARD_READING))
 
 
 @MODEL_SOURCES.register("tiny_text_random")

@@ -10,6 +10,11 @@ sits r·7 + c tokens after the board's first cell, and the relative directions t
 token offsets that rotary attention can read. The special and chat tokens are tiny_vl's (same ids 0..6, same chat
 template), so the rollout, context building and generation suppression work unchanged.
 
+Its cells also carry their 2-D position: the base is `BoardQwen2ForCausalLM` (`vagen.models.board_lm`), whose board
+cells get a learned row and column embedding, and the build first trains it to read single boards (`BoardReading`,
+the text analogue of tiny_vl's vision pre-training) before the SFT. Why: docs/warm_starts.md, "Board positions and
+board reading".
+
 Like tiny_vl, a finished build ships with the package (`SHIPPED_DIR/warm-tiny-text-default-seed0`: weights,
 tokenizer, report.json, and the stamp of the recipe that built it); it is used while the recipe is unchanged and
 rebuilt into the cache (with a progress bar) when it is not.
@@ -17,6 +22,7 @@ rebuilt into the cache (with a progress bar) when it is not.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerFast
 
 from vagen.bootstrap.demos import demo_response
 from vagen.bootstrap.tiny import (
@@ -37,12 +43,13 @@ from vagen.bootstrap.tiny import (
     tiny_text_config,
     train_tiny_tokenizer,
 )
-from vagen.bootstrap.warmstart import SHIPPED_DIR, WarmStartRecipe, warm_start
+from vagen.bootstrap.warmstart import SHIPPED_DIR, WarmStartRecipe, loss_summary, warm_start
 from vagen.env import make_env
+from vagen.models.board_lm import BoardQwen2ForCausalLM, board_config
 from vagen.models.cache import build_once, cache_root, read_stamp
 
 # Bump when anything below changes what a build produces (tokenizer, corpus, games), so caches rebuild.
-TINY_TEXT_VERSION = 1
+TINY_TEXT_VERSION = 2  # 2: the base is BoardQwen2ForCausalLM, and the build reads boards before the SFT
 # Every grid symbol of the text games is its own pre-token: walls, floor/ice, the box-on-target/on-goal mark, the
 # navigation/sudoku '.', and an upper-case letter not starting a word (P player, O target/hole, X box, S, G goal).
 # Words ("Left", "Sokoban") keep their capital, so only cells and one-letter names are split.
@@ -128,7 +135,7 @@ def train_grid_tokenizer(corpus: list[str]) -> PreTrainedTokenizerFast:
 
 
 def build_tiny_text(cache_dir: str | Path | None = None, size: str = "default", seed: int = 0) -> Path:
-    """The folder of the untrained tiny Qwen2 LM with the grid tokenizer (the base of `tiny_text`), built once."""
+    """The folder of the untrained tiny BoardQwen2 LM with the grid tokenizer (the base of `tiny_text`), built once."""
     _size(size)
     corpus = grid_corpus()
     target = Path(cache_dir or cache_root()) / f"tiny-text-grid-{size}-seed{seed}"
@@ -143,7 +150,8 @@ def build_tiny_text(cache_dir: str | Path | None = None, size: str = "default", 
 
     def build(folder: Path) -> None:
         tokenizer = train_grid_tokenizer(corpus)
-        model = init_model(Qwen2ForCausalLM, tiny_text_config(tokenizer, size), seed)
+        config = board_config(tiny_text_config(tokenizer, size), tokenizer, GRID_CELL_PATTERN)
+        model = init_model(BoardQwen2ForCausalLM, config, seed)
         model.generation_config = _generation_config(tokenizer)
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
@@ -156,8 +164,8 @@ class BoardReading:
     """The text analogue of tiny_vl's vision pre-training, before SFT: one board alone (the grid, as a user message)
     -> the game's demonstration `<think>` text, on boards of both text games (seeds 300,000 + k: neither
     demonstration, held-out nor corpus levels). Short sequences, so the model learns to find the player and the box
-    on a board before it must do so in five-turn dialogues. Not yet in `TINY_TEXT_RECIPE`: see
-    `research/text_board_sft.py` and docs/warm_starts.md."""
+    on a board before it must do so in five-turn dialogues (docs/warm_starts.md, "Board positions and board
+    reading")."""
 
     steps: int = 500
     batch_size: int = 32
@@ -206,33 +214,38 @@ def pretrain_boards(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, 
     return losses
 
 
-# The shipped recipe: tiny_vl's `WarmStartRecipe` where text differs: no vision tower, float32 (the 2-core AVX2 CPU
-# it was built on emulates bf16), and a budget that CPU affords. One step of 16 text dialogues (~700 tokens each) took
-# ~20 s there under load (~3 s alone), so this is 60 steps, 32 report episodes per pass. It learns the format (100%
-# format-ok greedy) but not yet the game (random-level success): docs/warm_starts.md, "The text default tiny_text".
-TINY_TEXT_RECIPE = WarmStartRecipe(steps=60, warmup_steps=5, bf16=False, vision_steps=0, eval_episodes=32)
+# The shipped recipe: tiny_vl's `WarmStartRecipe` where text differs: no vision tower (board reading instead,
+# `TINY_TEXT_READING`), float32 (the 2-core AVX2 CPU it was built on emulates bf16), and 800 SFT steps of 16 dialogues,
+# 32 report episodes per pass. The SFT loss still fell at 400 steps (docs/warm_starts.md).
+TINY_TEXT_RECIPE = WarmStartRecipe(steps=800, warmup_steps=5, bf16=False, vision_steps=0, eval_episodes=32)
+TINY_TEXT_READING = BoardReading()
 SFT_MICRO_BATCH = 8  # dialogues per forward/backward: length-sorted halves pad less (memory and speed, same gradient)
 
 
-def tiny_text_stamp(recipe: WarmStartRecipe, base: Path) -> dict[str, Any]:
-    """What decides the warm-started model: the recipe, this module's version, the games' configs and the base."""
+def tiny_text_stamp(recipe: WarmStartRecipe, reading: BoardReading, base: Path) -> dict[str, Any]:
+    """What decides the warm-started model: the recipe, the board reading, this module's version, the games' configs
+    and the base."""
     games = {name: {"id": env_id, "kwargs": kwargs} for name, (env_id, kwargs) in TEXT_GAMES.items()}
     return {
         "model": "warm-tiny-text",
         "version": TINY_TEXT_VERSION,
         "recipe": asdict(recipe),
+        "board_reading": asdict(reading),
         "games": games,
         "base": read_stamp(base),
     }
 
 
-def build_warm_tiny_text(cache_dir: str | Path | None = None, recipe: WarmStartRecipe | None = None) -> Path:
+def build_warm_tiny_text(
+    cache_dir: str | Path | None = None, recipe: WarmStartRecipe | None = None, reading: BoardReading | None = None
+) -> Path:
     """Return the folder of the warm-started tiny text model (sokoban_text and frozenlake_text): the shipped build
-    while its stamp is this recipe's, else built once into the cache (minutes on CPU, with a progress bar)."""
-    recipe = recipe or TINY_TEXT_RECIPE
+    while its stamp is this recipe's, else built once into the cache (board reading, then SFT: minutes on CPU, with
+    progress bars). Its report.json is `warm_start`'s plus "board_reading" (the setting and its loss)."""
+    recipe, reading = recipe or TINY_TEXT_RECIPE, reading or TINY_TEXT_READING
     root = Path(cache_dir or cache_root())
     base = build_tiny_text(root, size=recipe.size, seed=recipe.base_seed)
-    stamp = tiny_text_stamp(recipe, base)
+    stamp = tiny_text_stamp(recipe, reading, base)
     target = root / f"warm-tiny-text-{recipe.size}-seed{recipe.base_seed}"
     shipped = SHIPPED_DIR / target.name
     if read_stamp(shipped) == stamp:
@@ -241,18 +254,16 @@ def build_warm_tiny_text(cache_dir: str | Path | None = None, recipe: WarmStartR
 
     def build(folder: Path) -> None:
         model, tokenizer = load_tiny_text_lm(base)
+        reading_losses = pretrain_boards(model, tokenizer, reading)
         games = {name: (lambda name=name: make_text_game(name)) for name in others}
-        warm_start(
+        report = warm_start(
             model, tokenizer, recipe, folder, lambda: make_text_game(first), first, True, games,
             micro_batch_size=SFT_MICRO_BATCH,
         )  # fmt: skip
+        report["board_reading"] = {**asdict(reading), "loss": loss_summary(reading_losses)}
+        (folder / "report.json").write_text(json.dumps(report, indent=2))
 
     return build_once(target, stamp, build)
-
-
-def load_warm_tiny_text(cache_dir: str | Path | None = None, recipe: WarmStartRecipe | None = None, **load_kwargs):
-    """The warm-started text model (eval mode) and its tokenizer, building them first if needed."""
-    return load_tiny_text_lm(build_warm_tiny_text(cache_dir, recipe), **load_kwargs)
 
 
 def cell_tokens(tokenizer: PreTrainedTokenizerFast, grid: str) -> list[str]:

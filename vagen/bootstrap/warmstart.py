@@ -386,7 +386,7 @@ def evaluate_all(
 
 
 # ---- build and load ----------------------------------------------------------------------------
-def _loss_summary(losses: list[float]) -> dict[str, Any]:
+def loss_summary(losses: list[float]) -> dict[str, Any]:
     tenth = max(1, len(losses) // 10)
     return {
         "first": losses[0],
@@ -481,8 +481,8 @@ def warm_start(
             "noisy_turns": sum(n.count(True) for n in (d.noisy_turns for d in demos)),
             "success": float(np.mean([d.trajectory.success for d in demos])),
         },
-        "vision_loss": _loss_summary(vision_losses) if vision_losses else None,
-        "train_loss": _loss_summary(losses),
+        "vision_loss": loss_summary(vision_losses) if vision_losses else None,
+        "train_loss": loss_summary(losses),
         "micro_batch_size": micro_batch_size,  # memory only: the recipe's gradient either way
         "seconds": seconds,
     }
