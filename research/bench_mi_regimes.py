@@ -1,12 +1,14 @@
 """Where the MI regime thresholds should sit: MI proxies of a healthy policy and of a collapsed one, side by side.
 
-    python research/bench_mi_regimes.py [groups=16] [group_size=4] [seed=0]
+    python research/bench_mi_regimes.py [env=sokoban_visual|sokoban_text] [groups=16] [group_size=4] [seed=0]
 
-Healthy: the shipped warm tiny_vl on sokoban_visual, whose reasoning names where the box and the target are,
-so it depends on the (image-only) input. Collapsed: the same weights with the vision merger's output layer
-zeroed, so every image becomes the same tokens and the reasoning *cannot* depend on the input: template
-collapse by construction, with the text machinery intact. Both play the same env seeds at temperature 1;
-the trainer's own diagnostics code (`build_scoring_job`, `cross_scores`, `mi_metrics`) scores them.
+Healthy: the shipped warm default model of the env (tiny_vl on sokoban_visual, tiny_text on sokoban_text), whose
+reasoning names where the box and the target are, so it depends on the input. Collapsed: the same weights made blind
+to the board, so the reasoning *cannot* depend on the input: template collapse by construction, with the text
+machinery intact. For tiny_vl the vision merger's output layer is zeroed (every image becomes the same tokens); for
+tiny_text every board cell enters as the same cell token without its row and column (the output layer, tied to the
+embedding, is unchanged). Both play the same env seeds at temperature 1; the trainer's own diagnostics code
+(`build_scoring_job`, `cross_scores`, `mi_metrics`) scores them.
 
 Prints, per scope, MI-Est per token, its log B ceiling, H(Z|X) per token, and the regime that each MI
 threshold rule assigns (a column per rule): `0.1 · log B` (the default) and `0.1 · (first measured MI-Est)`.
@@ -20,31 +22,55 @@ import sys
 import numpy as np
 import torch
 
+from vagen.bootstrap.tiny_text import make_text_game
 from vagen.cli import script_options
 from vagen.diagnostics import classify_regime, mi_metrics
 from vagen.diagnostics.scoring import build_scoring_job, cross_scores
 from vagen.engines import HFEngine, SamplingParams
 from vagen.env import make_env
+from vagen.models.board_lm import BoardEmbedding
 from vagen.models.registry import load_policy
 from vagen.rollout import DialogueFormatter, RolloutSpec, collect_rollouts
 
 FRACTION = 0.1  # diagnostics.mi_threshold_fraction
 
 
+class BlindBoard(torch.nn.Module):
+    """tiny_text's input embedding with every board cell read as the same cell and no row or column."""
+
+    def __init__(self, embedding: BoardEmbedding):
+        super().__init__()
+        self.embedding, self.is_cell = embedding, torch.from_numpy(embedding.is_cell)
+        self.cell = int(self.is_cell.nonzero()[0, 0])
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        ids = torch.where(self.is_cell.to(input_ids.device)[input_ids], self.cell, input_ids)
+        return torch.nn.functional.embedding(ids, self.embedding.weight)
+
+
 def blind(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy whose image tokens carry no information: the vision merger's last layer outputs zeros."""
+    """A copy whose input carries no information about the board (module docstring)."""
     blind_model = copy.deepcopy(model)
-    last = blind_model.model.visual.merger.mlp[-1]
-    torch.nn.init.zeros_(last.weight)
-    torch.nn.init.zeros_(last.bias)
+    if hasattr(blind_model.model, "visual"):
+        last = blind_model.model.visual.merger.mlp[-1]
+        torch.nn.init.zeros_(last.weight)
+        torch.nn.init.zeros_(last.bias)
+    else:
+        blind_model.model.embed_tokens = BlindBoard(blind_model.model.embed_tokens)
     return blind_model
 
 
-def measure(model, policy, seeds: list[int], group_size: int, seed: int) -> dict[str, dict[str, float]]:
+def make_sokoban(env: str):
+    if env == "sokoban_text":
+        return make_text_game(env)
+    kwargs = {"observation": "image", "dim_room": (6, 6), "num_boxes": 1, "tile_px": 28, "max_turns": 5}
+    return make_env("vagen/Sokoban-v0", **kwargs, max_actions_per_turn=3)
+
+
+def measure(model, policy, env: str, seeds: list[int], group_size: int, seed: int) -> dict[str, dict[str, float]]:
     formatter = DialogueFormatter(policy.tokenizer, policy.image_processor)
-    spec = RolloutSpec(group_seeds=seeds, group_size=group_size, max_context_tokens=2048, env_name="sokoban_visual")
-    env_kwargs = {"observation": "image", "dim_room": (6, 6), "num_boxes": 1, "tile_px": 28, "max_turns": 5}
-    make = lambda: make_env("vagen/Sokoban-v0", **env_kwargs, max_actions_per_turn=3)
+    spec = RolloutSpec(group_seeds=seeds, group_size=group_size, max_context_tokens=2048, env_name=env)
+    make = lambda: make_sokoban(env)
     sampling = SamplingParams(max_new_tokens=48, temperature=1.0, seed=seed)
     trajectories = collect_rollouts(make, HFEngine(model, policy.processor), formatter, spec, sampling)
     out = {}
@@ -58,13 +84,19 @@ def measure(model, policy, seeds: list[int], group_size: int, seed: int) -> dict
 
 def main() -> None:
     torch.manual_seed(0)
-    options, _ = script_options(sys.argv[1:], {"groups": 16, "group_size": 4, "seed": 0}, overrides=False)
-    groups, group_size, seed = options.groups, options.group_size, options.seed
-    policy = load_policy("tiny_vl", "tiny_vl", "vision", size="default", dtype="float32")
+    defaults = {"env": "sokoban_visual", "groups": 16, "group_size": 4, "seed": 0}
+    options, _ = script_options(sys.argv[1:], defaults, overrides=False)
+    env, groups, group_size, seed = options.env, options.groups, options.group_size, options.seed
+    if env not in ("sokoban_visual", "sokoban_text"):
+        raise SystemExit(f"Unknown env {env!r}; choose sokoban_visual (tiny_vl) or sokoban_text (tiny_text).")
+    if env == "sokoban_text":
+        policy = load_policy("tiny_text", "tiny_text_warm", "text", size="default", dtype="float32")
+    else:
+        policy = load_policy("tiny_vl", "tiny_vl", "vision", size="default", dtype="float32")
     seeds = [10**9 + k for k in range(groups)]  # held-out evaluation seeds
     results = {
-        "healthy": measure(policy.model, policy, seeds, group_size, seed),
-        "collapsed": measure(blind(policy.model), policy, seeds, group_size, seed),
+        "healthy": measure(policy.model, policy, env, seeds, group_size, seed),
+        "collapsed": measure(blind(policy.model), policy, env, seeds, group_size, seed),
     }
     header = ("scope", "policy", "MI-Est/token", "log B", "MI-Est / log B", "H(Z|X)/token", "0.1·log B", "0.1·first MI")
     print("| " + " | ".join(header) + " |")

@@ -1,7 +1,7 @@
 """Does tiny_text read boards when its cells carry their row and column, and when it first reads single boards?
 (findings: docs/warm_starts.md, "Board positions and board reading")
 
-    python research/text_board_sft.py [board=true] [reading_steps=500] [steps=150] [lr=0.003] [eval_episodes=32]
+    python research/text_board_sft.py [board=true] [reading_steps=500] [steps=800] [lr=0.003] [eval_episodes=32]
                                       [threads=2] [out=DIR]
 
 Builds tiny_text's untrained model with the grid tokenizer, as `BoardQwen2ForCausalLM` (`board=true`: every board
@@ -10,7 +10,8 @@ version 1 (`board=false`); runs `reading_steps` of board reading (`vagen.bootstr
 board -> the game's `<think>` text); then the warm start of `TINY_TEXT_RECIPE` with `steps` SFT steps at `lr` on
 sokoban_text + frozenlake_text. Writes out/ as a model folder with its report.json (held-out success before and after
 SFT, greedy and at T=0.5) and board_reading.json (the reading losses). `research/text_token_loss.py model=out` then
-says where the loss sits.
+says where the loss sits. With the defaults this is the computation of the shipped tiny_text's build
+(`build_warm_tiny_text`), into out/.
 """
 
 import json
@@ -23,23 +24,21 @@ from transformers import Qwen2ForCausalLM
 
 from vagen.bootstrap.tiny import init_model, load_tiny_text_lm, tiny_text_config
 from vagen.bootstrap.tiny_text import (
-    GRID_CELL_PATTERN,
     SFT_MICRO_BATCH,
     TEXT_GAMES,
+    TINY_TEXT_READING,
     TINY_TEXT_RECIPE,
-    BoardReading,
     build_tiny_text,
     make_text_game,
     pretrain_boards,
 )
 from vagen.bootstrap.warmstart import warm_start
 from vagen.cli import script_options
-from vagen.models.board_lm import BoardQwen2ForCausalLM, board_config
 
 DEFAULTS = {
     "board": True,
-    "reading_steps": 500,
-    "steps": 150,
+    "reading_steps": TINY_TEXT_READING.steps,
+    "steps": TINY_TEXT_RECIPE.steps,
     "lr": 3e-3,
     "eval_episodes": 32,
     "threads": 2,
@@ -54,14 +53,11 @@ def main() -> None:
     out = Path(options.out) / f"board{int(board)}_reading{reading_steps}_steps{options.steps}_lr{options.lr:g}"
     recipe = replace(TINY_TEXT_RECIPE, steps=int(options.steps), lr=float(options.lr))
     recipe = replace(recipe, eval_episodes=int(options.eval_episodes))
-    base, tokenizer = load_tiny_text_lm(build_tiny_text(size=recipe.size, seed=recipe.base_seed))
-    config = tiny_text_config(tokenizer, recipe.size)
-    if board:
-        model = init_model(BoardQwen2ForCausalLM, board_config(config, tokenizer, GRID_CELL_PATTERN), recipe.base_seed)
-    else:
-        model = init_model(Qwen2ForCausalLM, config, recipe.base_seed)
-    model.generation_config = base.generation_config
-    losses = pretrain_boards(model, tokenizer, replace(BoardReading(), steps=reading_steps)) if reading_steps else []
+    model, tokenizer = load_tiny_text_lm(build_tiny_text(size=recipe.size, seed=recipe.base_seed))  # BoardQwen2
+    if not board:
+        plain = init_model(Qwen2ForCausalLM, tiny_text_config(tokenizer, recipe.size), recipe.base_seed)
+        plain.generation_config, model = model.generation_config, plain
+    losses = pretrain_boards(model, tokenizer, replace(TINY_TEXT_READING, steps=reading_steps)) if reading_steps else []
     first, *others = TEXT_GAMES
     out.mkdir(parents=True, exist_ok=True)
     games = {name: (lambda name=name: make_text_game(name)) for name in others}

@@ -6,20 +6,26 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from vagen.bootstrap.tiny import init_model, load_tiny_text_lm, tiny_text_config
-from vagen.bootstrap.tiny_text import GRID_CELL_PATTERN, TEXT_GAMES, board_examples, build_tiny_text, make_text_game
-from vagen.models.board_lm import BoardQwen2ForCausalLM, board_config
+from vagen.bootstrap.tiny import load_tiny_text_lm
+from vagen.bootstrap.tiny_text import TEXT_GAMES, board_examples, build_tiny_text, make_text_game
+from vagen.models.board_lm import BoardQwen2ForCausalLM
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return load_tiny_text_lm(build_tiny_text())[1]
+def tiny_text_base():
+    """tiny_text's untrained base at the test size: a BoardQwen2ForCausalLM with the grid tokenizer."""
+    return load_tiny_text_lm(build_tiny_text(size="test"))
 
 
 @pytest.fixture(scope="module")
-def model(tokenizer):
-    config = board_config(tiny_text_config(tokenizer, "test"), tokenizer, GRID_CELL_PATTERN)
-    return init_model(BoardQwen2ForCausalLM, config)
+def tokenizer(tiny_text_base):
+    return tiny_text_base[1]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_text_base):
+    assert type(tiny_text_base[0]) is BoardQwen2ForCausalLM
+    return tiny_text_base[0]
 
 
 def dialogue(tokenizer, game: str, seed: int) -> tuple[str, str]:
