@@ -41,6 +41,7 @@ class BlindBoard(torch.nn.Module):
     def __init__(self, embedding: BoardEmbedding):
         super().__init__()
         self.embedding, self.is_cell = embedding, torch.from_numpy(embedding.is_cell)
+        self.num_embeddings = embedding.num_embeddings  # read by the engine's context check
         self.cell = int(self.is_cell.nonzero()[0, 0])
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
