@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from vagen.bootstrap.tiny import load_tiny_text_lm
-from vagen.bootstrap.tiny_text import TEXT_GAMES, board_examples, build_tiny_text, make_text_game
+from vagen.bootstrap.tiny_text import TEXT_GAMES, board_examples, board_of, build_tiny_text, make_text_game
 from vagen.models.board_lm import BoardQwen2ForCausalLM
 
 
@@ -32,9 +32,9 @@ def dialogue(tokenizer, game: str, seed: int) -> tuple[str, str]:
     observation, _ = make_text_game(game).reset(seed=seed)
     messages = [
         {"role": "user", "content": observation.text},
-        {"role": "assistant", "content": observation.text.split("Current state:\n")[1]},  # a board in a response
+        {"role": "assistant", "content": board_of(observation.text)},  # a board in a response
     ]
-    return tokenizer.apply_chat_template(messages, tokenize=False), observation.text.split("Current state:\n")[1]
+    return tokenizer.apply_chat_template(messages, tokenize=False), board_of(observation.text)
 
 
 @pytest.mark.parametrize("game", ["sokoban_text", "frozenlake_text"])
@@ -98,6 +98,6 @@ def test_board_reading_examples_are_one_board_and_its_think_text(tokenizer):
     for (ids, prompt), (name, seed) in zip(examples, games, strict=True):
         env = make_text_game(name)
         observation, _ = env.reset(seed=seed)
-        board = observation.text.split("Current state:\n")[1].split("\n\n")[0]
+        board = board_of(observation.text)
         assert tokenizer.decode(ids[:prompt]) == f"<|im_start|>user\n{board}<|im_end|>\n<|im_start|>assistant\n"
         assert tokenizer.decode(ids[prompt:]) == f"<think>{env.unwrapped.demo_reasoning()}</think><|im_end|>"

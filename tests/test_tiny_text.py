@@ -15,6 +15,7 @@ from vagen.bootstrap.tiny_text import (
     TEXT_GAMES,
     TINY_TEXT_RECIPE,
     BoardReading,
+    board_of,
     build_tiny_text,
     build_warm_tiny_text,
     cell_tokens,
@@ -41,7 +42,7 @@ def test_every_grid_cell_is_one_token(tokenizer, game):
     env = make_text_game(game)
     for seed in range(8):
         observation, _ = env.reset(seed=seed)
-        board = observation.text.split("Current state:\n")[1]
+        board = board_of(observation.text)
         tokens = cell_tokens(tokenizer, board)
         rows = board.split("\n")
         assert len(tokens) == sum(len(row) for row in rows) + len(rows) - 1  # one per cell and per newline

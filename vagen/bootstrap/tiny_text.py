@@ -174,6 +174,11 @@ class BoardReading:
     seed: int = 0
 
 
+def board_of(observation_text: str) -> str:
+    """The grid of a text game's observation (the text after "Current state:", up to a blank line)."""
+    return observation_text.split("Current state:\n")[1].split("\n\n")[0]
+
+
 def board_examples(tokenizer: PreTrainedTokenizerFast, boards: int) -> list[tuple[list[int], int]]:
     """(token ids, prompt length) of `boards` single-board examples per text game."""
     examples = []
@@ -181,7 +186,7 @@ def board_examples(tokenizer: PreTrainedTokenizerFast, boards: int) -> list[tupl
         env = make_text_game(name)
         for seed in range(300_000, 300_000 + boards):
             observation, _ = env.reset(seed=seed)
-            board = observation.text.split("Current state:\n")[1].split("\n\n")[0]
+            board = board_of(observation.text)
             prompt = tokenizer(f"<|im_start|>user\n{board}<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
             answer = tokenizer(f"<think>{env.unwrapped.demo_reasoning()}</think><|im_end|>")["input_ids"]
             examples.append((prompt + answer, len(prompt)))
