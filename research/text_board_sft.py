@@ -1,17 +1,17 @@
 """Does tiny_text read boards when its cells carry their row and column, and when it first reads single boards?
 (findings: docs/warm_starts.md, "Board positions and board reading")
 
-    python research/text_board_sft.py [board=true] [reading_steps=500] [steps=800] [lr=0.003] [eval_episodes=32]
-                                      [threads=2] [out=DIR]
+    python research/text_board_sft.py [board=true] [reading_steps=500] [reading_turns=0] [steps=800] [lr=0.003]
+                                      [eval_episodes=32] [threads=2] [out=DIR]
 
 Builds tiny_text's untrained model with the grid tokenizer, as `BoardQwen2ForCausalLM` (`board=true`: every board
 cell's embedding gets a learned row and column embedding, `vagen.models.board_lm`) or as the plain Qwen2 of recipe
 version 1 (`board=false`); runs `reading_steps` of board reading (`vagen.bootstrap.tiny_text.pretrain_boards`: one
-board -> the game's `<think>` text); then the warm start of `TINY_TEXT_RECIPE` with `steps` SFT steps at `lr` on
-sokoban_text + frozenlake_text. Writes out/ as a model folder with its report.json (held-out success before and after
-SFT, greedy and at T=0.5) and board_reading.json (the reading losses). `research/text_token_loss.py model=out` then
-says where the loss sits. With the defaults this is the computation of the shipped tiny_text's build
-(`build_warm_tiny_text`), into out/.
+board -> the game's `<think>` text; with `reading_turns`, also boards after up to that many turns of noisy solver
+play); then the warm start of `TINY_TEXT_RECIPE` with `steps` SFT steps at `lr` on sokoban_text + frozenlake_text.
+Writes out/ as a model folder with its report.json (held-out success before and after SFT, greedy and at T=0.5) and
+board_reading.json (the reading losses). `research/text_token_loss.py model=out` then says where the loss sits. With
+the defaults this is the computation of the shipped tiny_text's build (`build_warm_tiny_text`), into out/.
 """
 
 import json
@@ -19,15 +19,18 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import Qwen2ForCausalLM
 
+from vagen.bootstrap.demos import demo_response
 from vagen.bootstrap.tiny import init_model, load_tiny_text_lm, tiny_text_config
 from vagen.bootstrap.tiny_text import (
     SFT_MICRO_BATCH,
     TEXT_GAMES,
     TINY_TEXT_READING,
     TINY_TEXT_RECIPE,
+    board_example,
     build_tiny_text,
     make_text_game,
     pretrain_boards,
@@ -38,6 +41,7 @@ from vagen.cli import script_options
 DEFAULTS = {
     "board": True,
     "reading_steps": TINY_TEXT_READING.steps,
+    "reading_turns": 0,
     "steps": TINY_TEXT_RECIPE.steps,
     "lr": 3e-3,
     "eval_episodes": 32,
@@ -46,18 +50,48 @@ DEFAULTS = {
 }
 
 
+def played_board_examples(tokenizer, boards: int, turns: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    """Board-reading examples from later turns too: each level (seeds 300,000 + k) is played 0..`turns` turns by the
+    demonstrations' noisy solver (random moves with probability 0.25) before its board is read."""
+    rng, examples = np.random.default_rng(seed), []
+    for name in TEXT_GAMES:
+        env = make_text_game(name)
+        game = env.unwrapped
+        for level in range(300_000, 300_000 + boards):
+            observation, _ = env.reset(seed=level)
+            for _ in range(int(rng.integers(0, turns + 1))):
+                plan = list(game.solver_actions())
+                if not plan:
+                    break
+                if rng.random() < 0.25:
+                    count = int(rng.integers(1, game.max_actions_per_turn + 1))
+                    plan = [game.action_names[int(i)] for i in rng.integers(len(game.action_names), size=count)]
+                after, _, terminated, truncated, _ = env.step(demo_response(env, plan[: game.max_actions_per_turn]))
+                if terminated or truncated:  # solved or lost: read the level's first board instead
+                    observation, _ = env.reset(seed=level)
+                    break
+                observation = after
+            examples.append(board_example(tokenizer, env, observation.text))
+        env.close()
+    return examples
+
+
 def main() -> None:
     options, _ = script_options(sys.argv[1:], DEFAULTS, overrides=False)
     torch.set_num_threads(int(options.threads))
     board, reading_steps = bool(options.board), int(options.reading_steps)
-    out = Path(options.out) / f"board{int(board)}_reading{reading_steps}_steps{options.steps}_lr{options.lr:g}"
+    turns = int(options.reading_turns)
+    name = f"board{int(board)}_reading{reading_steps}" + (f"_turns{turns}" if turns else "")
+    out = Path(options.out) / f"{name}_steps{options.steps}_lr{options.lr:g}"
     recipe = replace(TINY_TEXT_RECIPE, steps=int(options.steps), lr=float(options.lr))
     recipe = replace(recipe, eval_episodes=int(options.eval_episodes))
     model, tokenizer = load_tiny_text_lm(build_tiny_text(size=recipe.size, seed=recipe.base_seed))  # BoardQwen2
     if not board:
         plain = init_model(Qwen2ForCausalLM, tiny_text_config(tokenizer, recipe.size), recipe.base_seed)
         plain.generation_config, model = model.generation_config, plain
-    losses = pretrain_boards(model, tokenizer, replace(TINY_TEXT_READING, steps=reading_steps)) if reading_steps else []
+    reading = replace(TINY_TEXT_READING, steps=reading_steps)
+    examples = played_board_examples(tokenizer, reading.boards, turns, reading.seed) if turns else None
+    losses = pretrain_boards(model, tokenizer, reading, examples) if reading_steps else []
     first, *others = TEXT_GAMES
     out.mkdir(parents=True, exist_ok=True)
     games = {name: (lambda name=name: make_text_game(name)) for name in others}
@@ -65,7 +99,7 @@ def main() -> None:
         model, tokenizer, recipe, out, lambda: make_text_game(first), first, True, games,
         micro_batch_size=SFT_MICRO_BATCH,
     )  # fmt: skip
-    (out / "board_reading.json").write_text(json.dumps({"steps": reading_steps, "losses": losses}))
+    (out / "board_reading.json").write_text(json.dumps({"steps": reading_steps, "turns": turns, "losses": losses}))
     blocks = {first: report, **report["other_games"]}
     for name, block in blocks.items():
         print(name, {key: block["eval"][key] for key in ("greedy", "temperature_0.5", "random")})

@@ -186,17 +186,27 @@ def board_examples(tokenizer: PreTrainedTokenizerFast, boards: int) -> list[tupl
         env = make_text_game(name)
         for seed in range(300_000, 300_000 + boards):
             observation, _ = env.reset(seed=seed)
-            board = board_of(observation.text)
-            prompt = tokenizer(f"<|im_start|>user\n{board}<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
-            answer = tokenizer(f"<think>{env.unwrapped.demo_reasoning()}</think><|im_end|>")["input_ids"]
-            examples.append((prompt + answer, len(prompt)))
+            examples.append(board_example(tokenizer, env, observation.text))
         env.close()
     return examples
 
 
-def pretrain_boards(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, reading: BoardReading) -> list[float]:
-    """Train `model` to write each board's `<think>` text (`BoardReading`); the per-step losses."""
-    examples = board_examples(tokenizer, reading.boards)
+def board_example(tokenizer: PreTrainedTokenizerFast, env, observation_text: str) -> tuple[list[int], int]:
+    """(token ids, prompt length) of one board-reading example: `env`'s board now -> its demonstration think text."""
+    prompt = tokenizer(f"<|im_start|>user\n{board_of(observation_text)}<|im_end|>\n<|im_start|>assistant\n")
+    answer = tokenizer(f"<think>{env.unwrapped.demo_reasoning()}</think><|im_end|>")["input_ids"]
+    return prompt["input_ids"] + answer, len(prompt["input_ids"])
+
+
+def pretrain_boards(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerFast,
+    reading: BoardReading,
+    examples: list[tuple[list[int], int]] | None = None,
+) -> list[float]:
+    """Train `model` to write each board's `<think>` text (`BoardReading`); the per-step losses. `examples` (token
+    ids, prompt length) replace `board_examples`' (experiments with other boards)."""
+    examples = examples or board_examples(tokenizer, reading.boards)
     optimizer = torch.optim.AdamW(model.parameters(), lr=reading.lr, weight_decay=0.01)
     rng, losses = np.random.default_rng(reading.seed), []
     model.train()
