@@ -1,7 +1,7 @@
 """Does tiny_text read boards when its cells carry their row and column, and when it first reads single boards?
 (findings: docs/warm_starts.md, "Board positions and board reading")
 
-    python research/text_board_sft.py [board=true] [reading_steps=500] [reading_turns=0] [steps=800] [lr=0.003]
+    python research/text_board_sft.py [board=true] [reading_steps=500] [reading_turns=3] [steps=800] [lr=0.003]
                                       [eval_episodes=32] [threads=2] [out=DIR]
 
 Builds tiny_text's untrained model with the grid tokenizer, as `BoardQwen2ForCausalLM` (`board=true`: every board
@@ -19,18 +19,15 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import torch
 from transformers import Qwen2ForCausalLM
 
-from vagen.bootstrap.demos import demo_response
 from vagen.bootstrap.tiny import init_model, load_tiny_text_lm, tiny_text_config
 from vagen.bootstrap.tiny_text import (
     SFT_MICRO_BATCH,
     TEXT_GAMES,
     TINY_TEXT_READING,
     TINY_TEXT_RECIPE,
-    board_example,
     build_tiny_text,
     make_text_game,
     pretrain_boards,
@@ -41,7 +38,7 @@ from vagen.cli import script_options
 DEFAULTS = {
     "board": True,
     "reading_steps": TINY_TEXT_READING.steps,
-    "reading_turns": 0,
+    "reading_turns": TINY_TEXT_READING.turns,
     "steps": TINY_TEXT_RECIPE.steps,
     "lr": 3e-3,
     "eval_episodes": 32,
@@ -50,38 +47,12 @@ DEFAULTS = {
 }
 
 
-def played_board_examples(tokenizer, boards: int, turns: int, seed: int = 0) -> list[tuple[list[int], int]]:
-    """Board-reading examples from later turns too: each level (seeds 300,000 + k) is played 0..`turns` turns by the
-    demonstrations' noisy solver (random moves with probability 0.25) before its board is read."""
-    rng, examples = np.random.default_rng(seed), []
-    for name in TEXT_GAMES:
-        env = make_text_game(name)
-        game = env.unwrapped
-        for level in range(300_000, 300_000 + boards):
-            observation, _ = env.reset(seed=level)
-            for _ in range(int(rng.integers(0, turns + 1))):
-                plan = list(game.solver_actions())
-                if not plan:
-                    break
-                if rng.random() < 0.25:
-                    count = int(rng.integers(1, game.max_actions_per_turn + 1))
-                    plan = [game.action_names[int(i)] for i in rng.integers(len(game.action_names), size=count)]
-                after, _, terminated, truncated, _ = env.step(demo_response(env, plan[: game.max_actions_per_turn]))
-                if terminated or truncated:  # solved or lost: read the level's first board instead
-                    observation, _ = env.reset(seed=level)
-                    break
-                observation = after
-            examples.append(board_example(tokenizer, env, observation.text))
-        env.close()
-    return examples
-
-
 def main() -> None:
     options, _ = script_options(sys.argv[1:], DEFAULTS, overrides=False)
     torch.set_num_threads(int(options.threads))
     board, reading_steps = bool(options.board), int(options.reading_steps)
     turns = int(options.reading_turns)
-    name = f"board{int(board)}_reading{reading_steps}" + (f"_turns{turns}" if turns else "")
+    name = f"board{int(board)}_reading{reading_steps}_turns{turns}"
     out = Path(options.out) / f"{name}_steps{options.steps}_lr{options.lr:g}"
     recipe = replace(TINY_TEXT_RECIPE, steps=int(options.steps), lr=float(options.lr))
     recipe = replace(recipe, eval_episodes=int(options.eval_episodes))
@@ -89,9 +60,8 @@ def main() -> None:
     if not board:
         plain = init_model(Qwen2ForCausalLM, tiny_text_config(tokenizer, recipe.size), recipe.base_seed)
         plain.generation_config, model = model.generation_config, plain
-    reading = replace(TINY_TEXT_READING, steps=reading_steps)
-    examples = played_board_examples(tokenizer, reading.boards, turns, reading.seed) if turns else None
-    losses = pretrain_boards(model, tokenizer, reading, examples) if reading_steps else []
+    reading = replace(TINY_TEXT_READING, steps=reading_steps, turns=turns)
+    losses = pretrain_boards(model, tokenizer, reading) if reading_steps else []
     first, *others = TEXT_GAMES
     out.mkdir(parents=True, exist_ok=True)
     games = {name: (lambda name=name: make_text_game(name)) for name in others}

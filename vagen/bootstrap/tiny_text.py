@@ -49,7 +49,7 @@ from vagen.models.board_lm import BoardQwen2ForCausalLM, board_config
 from vagen.models.cache import build_once, cache_root, read_stamp
 
 # Bump when anything below changes what a build produces (tokenizer, corpus, games), so caches rebuild.
-TINY_TEXT_VERSION = 2  # 2: the base is BoardQwen2ForCausalLM, and the build reads boards before the SFT
+TINY_TEXT_VERSION = 3  # 2: a BoardQwen2ForCausalLM base that reads boards before the SFT; 3: later turns' boards too
 # Every grid symbol of the text games is its own pre-token: walls, floor/ice, the box-on-target/on-goal mark, the
 # navigation/sudoku '.', and an upper-case letter not starting a word (P player, O target/hole, X box, S, G goal).
 # Words ("Left", "Sokoban") keep their capital, so only cells and one-letter names are split.
@@ -163,32 +163,51 @@ def build_tiny_text(cache_dir: str | Path | None = None, size: str = "default", 
 class BoardReading:
     """The text analogue of tiny_vl's vision pre-training, before SFT: one board alone (the grid, as a user message)
     -> the game's demonstration `<think>` text, on boards of both text games (seeds 300,000 + k: neither
-    demonstration, held-out nor corpus levels). Short sequences, so the model learns to find the player and the box
-    on a board before it must do so in five-turn dialogues (docs/warm_starts.md, "Board positions and board
-    reading")."""
+    demonstration, held-out nor corpus levels), each read after 0..`turns` turns of the demonstrations' noisy solver
+    play, so later turns' boards (the player next to a pushed box) are read too. Short sequences, so the model learns
+    to find the player and the box on a board before it must do so in five-turn dialogues (docs/warm_starts.md,
+    "Board positions and board reading")."""
 
     steps: int = 500
     batch_size: int = 32
     lr: float = 1e-3
     boards: int = 4000  # per game
     seed: int = 0
+    turns: int = 3  # 0: the levels' first boards only (recipe 2)
+
+
+def board_examples(
+    tokenizer: PreTrainedTokenizerFast, boards: int, turns: int = 0, seed: int = 0
+) -> list[tuple[list[int], int]]:
+    """(token ids, prompt length) of `boards` single-board examples per text game, each level played 0..`turns` turns
+    by the noisy solver (random moves with probability 0.25) before its board is read; a level solved or lost on the
+    way is read at its first board."""
+    rng, examples = np.random.default_rng(seed), []
+    for name in TEXT_GAMES:
+        env = make_text_game(name)
+        game = env.unwrapped
+        for level in range(300_000, 300_000 + boards):
+            observation, _ = env.reset(seed=level)
+            for _ in range(int(rng.integers(0, turns + 1))):
+                plan = list(game.solver_actions())
+                if not plan:
+                    break
+                if rng.random() < 0.25:
+                    count = int(rng.integers(1, game.max_actions_per_turn + 1))
+                    plan = [game.action_names[int(i)] for i in rng.integers(len(game.action_names), size=count)]
+                after, _, terminated, truncated, _ = env.step(demo_response(env, plan[: game.max_actions_per_turn]))
+                if terminated or truncated:
+                    observation, _ = env.reset(seed=level)
+                    break
+                observation = after
+            examples.append(board_example(tokenizer, env, observation.text))
+        env.close()
+    return examples
 
 
 def board_of(observation_text: str) -> str:
     """The grid of a text game's observation (the text after "Current state:", up to a blank line)."""
     return observation_text.split("Current state:\n")[1].split("\n\n")[0]
-
-
-def board_examples(tokenizer: PreTrainedTokenizerFast, boards: int) -> list[tuple[list[int], int]]:
-    """(token ids, prompt length) of `boards` single-board examples per text game."""
-    examples = []
-    for name in TEXT_GAMES:
-        env = make_text_game(name)
-        for seed in range(300_000, 300_000 + boards):
-            observation, _ = env.reset(seed=seed)
-            examples.append(board_example(tokenizer, env, observation.text))
-        env.close()
-    return examples
 
 
 def board_example(tokenizer: PreTrainedTokenizerFast, env, observation_text: str) -> tuple[list[int], int]:
@@ -198,15 +217,9 @@ def board_example(tokenizer: PreTrainedTokenizerFast, env, observation_text: str
     return prompt["input_ids"] + answer, len(prompt["input_ids"])
 
 
-def pretrain_boards(
-    model: torch.nn.Module,
-    tokenizer: PreTrainedTokenizerFast,
-    reading: BoardReading,
-    examples: list[tuple[list[int], int]] | None = None,
-) -> list[float]:
-    """Train `model` to write each board's `<think>` text (`BoardReading`); the per-step losses. `examples` (token
-    ids, prompt length) replace `board_examples`' (experiments with other boards)."""
-    examples = examples or board_examples(tokenizer, reading.boards)
+def pretrain_boards(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, reading: BoardReading) -> list[float]:
+    """Train `model` to write each board's `<think>` text (`BoardReading`); the per-step losses."""
+    examples = board_examples(tokenizer, reading.boards, reading.turns, reading.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=reading.lr, weight_decay=0.01)
     rng, losses = np.random.default_rng(reading.seed), []
     model.train()
