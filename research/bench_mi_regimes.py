@@ -77,6 +77,9 @@ def measure(model, policy, env: str, seeds: list[int], group_size: int, seed: in
     out = {}
     for scope in ("first_turn", "trajectory"):
         job = build_scoring_job(trajectories, policy.tokenizer, scope, 16, 64, np.random.default_rng(seed))
+        if not job.reasonings:  # no response held a parseable <think> block: nothing to score
+            out[scope] = None
+            continue
         scores, lengths = cross_scores(model, policy.processor, job, micro_batch=32)
         values, _ = mi_metrics(scores, lengths, job.source(), prompt_ids=job.prompt_ids())
         out[scope] = {name: float(value) for name, value in values.items()}
@@ -106,6 +109,9 @@ def main() -> None:
         first = results["healthy"][scope]
         h_threshold = 0.5 * first["h_cond_est"]
         for name, metrics in results.items():
+            if metrics[scope] is None:
+                print(f"| {scope} | {name} | no parseable reasoning: nothing to score |  |  |  |  |  |")
+                continue
             mi, ceiling, h = metrics[scope]["mi_est"], metrics[scope]["mi_upper_bound"], metrics[scope]["h_cond_est"]
             old = classify_regime(mi, h, FRACTION * ceiling, h_threshold)
             calibrated = classify_regime(mi, h, FRACTION * first["mi_est"], h_threshold)
