@@ -101,3 +101,18 @@ def test_board_reading_examples_are_one_board_and_its_think_text(tokenizer):
         board = board_of(observation.text)
         assert tokenizer.decode(ids[:prompt]) == f"<|im_start|>user\n{board}<|im_end|>\n<|im_start|>assistant\n"
         assert tokenizer.decode(ids[prompt:]) == f"<think>{env.unwrapped.demo_reasoning()}</think><|im_end|>"
+
+
+def test_later_turn_boards_are_read_with_their_own_think_text(tokenizer):
+    """With `turns`, a level is played before its board is read: some boards are not the levels' first ones, and
+    every think text names where the box is on its own board (a board paired with another state's text would not)."""
+    first, later = board_examples(tokenizer, boards=24), board_examples(tokenizer, boards=24, turns=3)
+    sokoban = [(tokenizer.decode(ids[:prompt]), tokenizer.decode(ids[prompt:])) for ids, prompt in later[:24]]
+    assert sum(a != b for a, b in zip(first[:24], later[:24], strict=True)) >= 6
+    for prompt, think in sokoban:
+        rows = prompt.split("user\n")[1].split("<|im_end|>")[0].split("\n")
+        (pr, pc), (br, bc) = [next((r, c) for r, row in enumerate(rows) for c, x in enumerate(row) if x in cells)
+                              for cells in ("PS", "X")]  # fmt: skip
+        vertical, horizontal = ("up", "", "down")[np.sign(br - pr) + 1], ("left", "", "right")[np.sign(bc - pc) + 1]
+        direction = "-".join(filter(None, (vertical, horizontal)))
+        assert think.startswith(f"<think>box is {direction} of me"), (prompt, think)
