@@ -52,8 +52,8 @@ def main() -> None:
     torch.set_num_threads(int(options.threads))
     board, reading_steps = bool(options.board), int(options.reading_steps)
     turns = int(options.reading_turns)
-    name = f"board{int(board)}_reading{reading_steps}_turns{turns}"
-    out = Path(options.out) / f"{name}_steps{options.steps}_lr{options.lr:g}"
+    label = f"board{int(board)}_reading{reading_steps}_turns{turns}_steps{options.steps}_lr{options.lr:g}"
+    out = Path(options.out) / label
     recipe = replace(TINY_TEXT_RECIPE, steps=int(options.steps), lr=float(options.lr))
     recipe = replace(recipe, eval_episodes=int(options.eval_episodes))
     model, tokenizer = load_tiny_text_lm(build_tiny_text(size=recipe.size, seed=recipe.base_seed))  # BoardQwen2

@@ -41,7 +41,7 @@ def demo_response(env: gymnasium.Env, actions: list[str]) -> str:
     return described_response(env, actions, env.unwrapped.demo_reasoning())
 
 
-def _turn_actions(env: gymnasium.Env, rng: np.random.Generator, noise_eps: float) -> tuple[list[str], bool] | None:
+def turn_actions(env: gymnasium.Env, rng: np.random.Generator, noise_eps: float) -> tuple[list[str], bool] | None:
     """The solver's next moves (or, with probability noise_eps, random ones); None when the solver is stuck."""
     game = env.unwrapped
     plan = list(game.solver_actions())
@@ -76,7 +76,7 @@ def play_demo(
     observation, _ = env.reset(seed=seed)
     prompt = formatter.first_prompt(observation)
     while True:
-        choice = _turn_actions(env, rng, noise_eps)
+        choice = turn_actions(env, rng, noise_eps)
         if choice is None:
             demo.trajectory.end_reason = "unsolvable"
             return demo

@@ -32,7 +32,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
-from vagen.bootstrap.demos import demo_response
+from vagen.bootstrap.demos import demo_response, turn_actions
 from vagen.bootstrap.tiny import (
     _generation_config,
     _size,
@@ -185,17 +185,13 @@ def board_examples(
     rng, examples = np.random.default_rng(seed), []
     for name in TEXT_GAMES:
         env = make_text_game(name)
-        game = env.unwrapped
         for level in range(300_000, 300_000 + boards):
             observation, _ = env.reset(seed=level)
             for _ in range(int(rng.integers(0, turns + 1))):
-                plan = list(game.solver_actions())
-                if not plan:
+                choice = turn_actions(env, rng, noise_eps=0.25)
+                if choice is None:
                     break
-                if rng.random() < 0.25:
-                    count = int(rng.integers(1, game.max_actions_per_turn + 1))
-                    plan = [game.action_names[int(i)] for i in rng.integers(len(game.action_names), size=count)]
-                after, _, terminated, truncated, _ = env.step(demo_response(env, plan[: game.max_actions_per_turn]))
+                after, _, terminated, truncated, _ = env.step(demo_response(env, choice[0]))
                 if terminated or truncated:
                     observation, _ = env.reset(seed=level)
                     break

@@ -1,5 +1,5 @@
-"""A text policy that sees a board's cells at their 2-D positions: `BoardQwen2ForCausalLM` (built by
-`research/text_board_sft.py`; not yet the architecture of the shipped `tiny_text`, see docs/warm_starts.md).
+"""A text policy that sees a board's cells at their 2-D positions: `BoardQwen2ForCausalLM` (the architecture of
+the shipped `tiny_text` since its recipe version 2, see docs/warm_starts.md).
 
 An image patch reaches Qwen2.5-VL's language model with its row and column (the vision tower's 2-D positions, mRoPE).
 A text board reaches a plain causal LM as one line of cell tokens after another, so "the box is up-left of me" needs
