@@ -1,19 +1,17 @@
 """Does tiny_text read boards when its cells carry their row and column, and when it first reads single boards?
 (findings: docs/warm_starts.md, "Board positions and board reading")
 
-    python research/text_board_sft.py [board=true] [tower_layers=0] [reading_steps=500] [reading_turns=3] [steps=800]
-                                      [lr=0.003] [eval_episodes=32] [threads=2] [out=DIR]
+    python research/text_board_sft.py [board=true] [reading_steps=500] [reading_turns=3] [steps=800] [lr=0.003]
+                                      [eval_episodes=32] [threads=2] [out=DIR]
 
 Builds tiny_text's untrained model with the grid tokenizer, as `BoardQwen2ForCausalLM` (`board=true`: every board
 cell's embedding gets a learned row and column embedding, `vagen.models.board_lm`) or as the plain Qwen2 of recipe
-version 1 (`board=false`); with `tower_layers` > 0, the same weights plus a board tower of that many blocks (each
-board's cells through a small bidirectional transformer, added to their embeddings); runs `reading_steps` of board
-reading (`vagen.bootstrap.tiny_text.pretrain_boards`: one board -> the game's `<think>` text; with `reading_turns`,
-also boards after up to that many turns of noisy solver play); then the warm start of `TINY_TEXT_RECIPE` with `steps`
-SFT steps at `lr` on sokoban_text + frozenlake_text. Writes out/ as a model folder with its report.json (held-out
-success before and after SFT, greedy and at T=0.5) and board_reading.json (the reading losses).
-`research/text_token_loss.py model=out` then says where the loss sits. With the defaults this is the computation of
-the shipped tiny_text's build (`build_warm_tiny_text`), into out/.
+version 1 (`board=false`); runs `reading_steps` of board reading (`vagen.bootstrap.tiny_text.pretrain_boards`: one
+board -> the game's `<think>` text; with `reading_turns`, also boards after up to that many turns of noisy solver
+play); then the warm start of `TINY_TEXT_RECIPE` with `steps` SFT steps at `lr` on sokoban_text + frozenlake_text.
+Writes out/ as a model folder with its report.json (held-out success before and after SFT, greedy and at T=0.5) and
+board_reading.json (the reading losses). `research/text_token_loss.py model=out` then says where the loss sits. With
+the defaults this is the computation of the shipped tiny_text's build (`build_warm_tiny_text`), into out/.
 """
 
 import json
@@ -36,11 +34,9 @@ from vagen.bootstrap.tiny_text import (
 )
 from vagen.bootstrap.warmstart import warm_start
 from vagen.cli import script_options
-from vagen.models.board_lm import BoardQwen2Config, BoardQwen2ForCausalLM
 
 DEFAULTS = {
     "board": True,
-    "tower_layers": 0,
     "reading_steps": TINY_TEXT_READING.steps,
     "reading_turns": TINY_TEXT_READING.turns,
     "steps": TINY_TEXT_RECIPE.steps,
@@ -51,17 +47,12 @@ DEFAULTS = {
 }
 
 
-def replace_config(config: BoardQwen2Config, **changes) -> BoardQwen2Config:
-    return BoardQwen2Config(**{**config.to_dict(), **changes})
-
-
 def main() -> None:
     options, _ = script_options(sys.argv[1:], DEFAULTS, overrides=False)
     torch.set_num_threads(int(options.threads))
     board, reading_steps = bool(options.board), int(options.reading_steps)
     turns = int(options.reading_turns)
-    tower = int(options.tower_layers)
-    label = f"board{int(board)}_tower{tower}_reading{reading_steps}_turns{turns}_steps{options.steps}_lr{options.lr:g}"
+    label = f"board{int(board)}_reading{reading_steps}_turns{turns}_steps{options.steps}_lr{options.lr:g}"
     out = Path(options.out) / label
     recipe = replace(TINY_TEXT_RECIPE, steps=int(options.steps), lr=float(options.lr))
     recipe = replace(recipe, eval_episodes=int(options.eval_episodes))
@@ -69,11 +60,6 @@ def main() -> None:
     if not board:
         plain = init_model(Qwen2ForCausalLM, tiny_text_config(tokenizer, recipe.size), recipe.base_seed)
         plain.generation_config, model = model.generation_config, plain
-    elif tower:
-        config = replace_config(model.config, board_tower_layers=tower)
-        towered = init_model(BoardQwen2ForCausalLM, config, recipe.base_seed)
-        towered.load_state_dict(model.state_dict(), strict=False)  # the base's weights; the tower's are new
-        towered.generation_config, model = model.generation_config, towered
     reading = replace(TINY_TEXT_READING, steps=reading_steps, turns=turns)
     losses = pretrain_boards(model, tokenizer, reading) if reading_steps else []
     first, *others = TEXT_GAMES

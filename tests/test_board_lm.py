@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from vagen.bootstrap.tiny import init_model, load_tiny_text_lm
+from vagen.bootstrap.tiny import load_tiny_text_lm
 from vagen.bootstrap.tiny_text import TEXT_GAMES, board_examples, board_of, build_tiny_text, make_text_game
-from vagen.models.board_lm import BoardQwen2Config, BoardQwen2ForCausalLM, board_positions
+from vagen.models.board_lm import BoardQwen2ForCausalLM
 
 
 @pytest.fixture(scope="module")
@@ -26,27 +26,6 @@ def tokenizer(tiny_text_base):
 def model(tiny_text_base):
     assert type(tiny_text_base[0]) is BoardQwen2ForCausalLM
     return tiny_text_base[0]
-
-
-@pytest.fixture(scope="module")
-def towered(model):
-    """The base with a 2-block board tower whose output layer is drawn (a new tower's starts at zero)."""
-    towered = init_model(BoardQwen2ForCausalLM, BoardQwen2Config(**{**model.config.to_dict(), "board_tower_layers": 2}))
-    torch.nn.init.normal_(towered.model.embed_tokens.tower.up.weight, std=0.1)
-    return towered
-
-
-def two_boards(tokenizer, seed: int = 5) -> torch.Tensor:
-    """A dialogue of two user boards (sokoban_text, then frozenlake_text) and the start of a response, as ids [1, T]."""
-    first, _ = make_text_game("sokoban_text").reset(seed=seed)
-    second, _ = make_text_game("frozenlake_text").reset(seed=seed)
-    messages = [
-        {"role": "user", "content": first.text},
-        {"role": "assistant", "content": "<think>box is up of me</think><answer>Up</answer>"},
-        {"role": "user", "content": second.text},
-    ]
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + "<think>goal is"
-    return torch.tensor([tokenizer(text)["input_ids"]])
 
 
 def dialogue(tokenizer, game: str, seed: int) -> tuple[str, str]:
@@ -87,56 +66,6 @@ def test_decoding_embeds_as_the_full_forward(tokenizer, model):
     torch.testing.assert_close(torch.stack(steps), full, rtol=1e-4, atol=1e-5)
 
 
-def test_decoding_with_a_board_tower_matches_the_full_forward_and_padding(tokenizer, towered):
-    ids = two_boards(tokenizer)
-    prompt = ids.shape[1] - 4
-    single = torch.tensor([tokenizer(dialogue(tokenizer, "frozenlake_text", seed=2)[0])["input_ids"]])  # one 4x4 board
-    padded = torch.full((1, ids.shape[1]), tokenizer.pad_token_id)
-    padded[0, : single.shape[1]] = single[0]
-    with torch.no_grad():
-        full = towered(ids).logits[0, prompt - 1 :]
-        out = towered(ids[:, :prompt], use_cache=True)
-        steps = [out.logits[0, -1]]
-        for j in range(prompt, ids.shape[1]):
-            out = towered(ids[:, j : j + 1], past_key_values=out.past_key_values, use_cache=True)
-            steps.append(out.logits[0, -1])
-        batched = towered(torch.cat([ids, padded])).logits  # the tower pads the 4x4 board to the 6x6 one's 36 cells
-        alone = towered(single).logits[0]
-    torch.testing.assert_close(torch.stack(steps), full, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(batched[1, : single.shape[1]], alone, rtol=1e-4, atol=1e-5)
-
-
-def test_the_board_tower_mixes_cells_within_one_board_only(tokenizer, towered):
-    """Each board is numbered on its own; a cell changed on the second board moves the tower's output on every cell of
-    that board and on no cell of the first."""
-    ids = two_boards(tokenizer)
-    embedding = towered.model.embed_tokens
-    rows, _ = embedding.positions(ids)
-    _, _, boards = board_positions(ids.numpy(), embedding.is_cell, embedding.is_break, *embedding.ids)
-    assert np.array_equal(np.unique(boards), [0, 1, 2]) and np.array_equal(boards[0] > 0, rows[0].numpy() > 0)
-    first_board, second = torch.from_numpy(boards[0] == 1), torch.nonzero(torch.from_numpy(boards[0] == 2))[:, 0]
-    assert int(first_board.sum()) == 36  # sokoban_text's 6x6 board, then frozenlake_text's
-    changed = ids.clone()
-    changed[0, second[len(second) // 2]] = ids[0, second[0]]  # a wall where there was something else
-    assert not torch.equal(changed, ids)
-    with torch.no_grad():
-        delta = (embedding(changed) - embedding(ids)).abs().sum(-1)[0]
-    moved = delta > 0
-    assert not bool(moved[first_board].any())
-    assert bool(moved[second].all())  # the whole second board sees the change, not only the changed cell
-    assert not bool(moved[rows[0] == 0].any())
-
-
-def test_a_new_board_tower_leaves_the_model_unchanged(tokenizer, model):
-    """The tower's output layer starts at zero: a tower added to trained weights changes nothing until it learns."""
-    ids = two_boards(tokenizer)
-    towered = init_model(BoardQwen2ForCausalLM, BoardQwen2Config(**{**model.config.to_dict(), "board_tower_layers": 1}))
-    missing = towered.load_state_dict(model.state_dict(), strict=False).missing_keys
-    assert missing and all(".tower." in key for key in missing)
-    with torch.no_grad():
-        torch.testing.assert_close(towered(ids).logits, model(ids).logits)
-
-
 def test_board_positions_change_the_embedding_only_on_cells_and_survive_saving(tokenizer, model, tmp_path):
     text, _ = dialogue(tokenizer, "sokoban_text", seed=1)
     ids = torch.tensor([tokenizer(text)["input_ids"]])
@@ -150,15 +79,6 @@ def test_board_positions_change_the_embedding_only_on_cells_and_survive_saving(t
     assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()  # still tied
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
-
-
-def test_a_board_tower_survives_saving(tokenizer, towered, tmp_path):
-    ids = two_boards(tokenizer)
-    towered.save_pretrained(tmp_path)
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
-    assert loaded.config.board_tower_layers == 2 and loaded.model.embed_tokens.tower.up.weight.abs().sum() > 0
-    with torch.no_grad():
-        torch.testing.assert_close(loaded(ids).logits, towered(ids).logits)
 
 
 def test_vllm_refuses_a_board_model_with_the_fix(tokenizer, model, tmp_path):
