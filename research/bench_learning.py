@@ -75,6 +75,12 @@ ARMS = {
     # GiGPO's mean_norm variant: advantages in reward units, not divided by the group's std, so groups weigh by their
     # reward spread: a solve/fail difference (10) outweighs a move-count difference (0.1 a move) about 100 times
     "gigpo_meannorm": ["algorithm=gigpo", "trainer.lr=1e-4", "algorithm.normalize_std=false"],
+    "gigpo_meannorm_plr": [
+        "algorithm=gigpo",
+        "trainer.lr=1e-4",
+        "algorithm.normalize_std=false",
+        "trainer.level_sampler=plr",
+    ],
     # Sokoban only: the move cost charged at the solve (none on a failure): all-success groups still rank solutions by
     # length, all-fail groups no longer rank attempts by how little they moved
     "gigpo_solvecost": ["algorithm=gigpo", "trainer.lr=1e-4", "env.kwargs.step_penalty_on_solve=true"],
