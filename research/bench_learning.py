@@ -75,6 +75,16 @@ ARMS = {
     # GiGPO's mean_norm variant: advantages in reward units, not divided by the group's std, so groups weigh by their
     # reward spread: a solve/fail difference (10) outweighs a move-count difference (0.1 a move) about 100 times
     "gigpo_meannorm": ["algorithm=gigpo", "trainer.lr=1e-4", "algorithm.normalize_std=false"],
+    "gigpo_meannorm_lr3e-4": ["algorithm=gigpo", "trainer.lr=3e-4", "algorithm.normalize_std=false"],
+    "gigpo_meannorm_lr1e-3": ["algorithm=gigpo", "trainer.lr=1e-3", "algorithm.normalize_std=false"],
+    # a VAGEN-style reasoning reward: 0.2 per turn whose <think> is the demonstration's reading of the state (a solve
+    # is worth 1 in FrozenLake, 10 in Sokoban), so reading is rewarded in groups whose outcomes do not vary
+    "gigpo_meannorm_reason": [
+        "algorithm=gigpo",
+        "trainer.lr=1e-4",
+        "algorithm.normalize_std=false",
+        "env.kwargs.reasoning_coef=0.2",
+    ],
     "gigpo_meannorm_plr": [
         "algorithm=gigpo",
         "trainer.lr=1e-4",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from vagen.bootstrap.demos import demo_response
 from vagen.env import make_env
 from vagen.env.checker import HOSTILE_RESPONSES
 from vagen.env.grading import canonical_description, extract_claims, grade_description
@@ -130,9 +131,39 @@ def test_a_missing_block_grades_zero_and_free_think_is_not_graded():
     assert info["grounding_score"] is None and info["prediction_score"] is None
 
 
+@pytest.mark.parametrize("env_id", ["vagen/Sokoban-v0", "vagen/FrozenLake-v0"])
+def test_the_reasoning_reward_pays_for_the_demonstrations_think_text_only(env_id):
+    """reasoning_coef pays once per turn whose <think> is the demonstration's for the state the turn starts from:
+    the demonstrations' turns earn it every time; the same moves with other reasoning earn nothing."""
+    for seed in range(5):
+        env, plain = make_env(env_id, reasoning_coef=0.25), make_env(env_id)
+        _, info = env.reset(seed=seed)
+        plain.reset(seed=seed)
+        assert info["reasoning_match"] is None
+        done = False
+        while not done:
+            actions = env.unwrapped.solver_actions()[: env.unwrapped.max_actions_per_turn]
+            response = demo_response(env, actions)
+            _, reward, terminated, truncated, info = env.step(response)
+            _, plain_reward, _, _, plain_info = plain.step(response)
+            assert info["reasoning_match"] is True and plain_info["reasoning_match"] is None
+            assert reward == pytest.approx(plain_reward + 0.25)
+            done = terminated or truncated
+        env.reset(seed=seed)
+        plain.reset(seed=seed)
+        first = env.unwrapped.solver_actions()[0]
+        other = f"<think>{env.unwrapped.demo_reasoning()} The goal is near.</think><answer>{first}</answer>"
+        _, reward, _, _, info = env.step(other)
+        _, plain_reward, *_ = plain.step(other)
+        assert info["reasoning_match"] is False and reward == plain_reward
+
+
 @pytest.mark.parametrize(
     ("env_id", "kwargs", "fix"),
     [
+        ("vagen/Sokoban-v0", {"reasoning_coef": 0.5, "response_format": "no_think"}, "response_format=free_think"),
+        ("vagen/Sokoban-v0", {"reasoning_coef": -0.5}, ">= 0"),
+        ("vagen/Countdown-v0", {"reasoning_coef": 0.5}, "reasoning_coef=0"),
         ("vagen/Sokoban-v0", {"grounding_coef": 0.5}, "response_format=grounding"),
         ("vagen/Sokoban-v0", {"response_format": "grounding", "worldmodel_coef": 0.5}, "response_format=worldmodeling"),
         ("vagen/Sokoban-v0", {"response_format": "grounding", "grounding_coef": -1.0}, ">= 0"),

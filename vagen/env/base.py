@@ -112,10 +112,25 @@ def echo_safe(text: str, limit: int = MAX_ECHO_CHARS) -> str:
     return text.replace(IMAGE_PLACEHOLDER, "<img>").replace("<|", "< |").replace("|>", "| >")
 
 
-def check_reasoning_rewards(env: LanguageEnv, response_format: str, grounding_coef: float, worldmodel_coef: float):
+def check_reasoning_rewards(
+    env: LanguageEnv, response_format: str, grounding_coef: float, worldmodel_coef: float, reasoning_coef: float = 0.0
+):
     """Refuse reasoning-reward settings that could never pay: a clear error before any model loads."""
-    if grounding_coef < 0 or worldmodel_coef < 0:
-        raise ValueError(f"grounding_coef and worldmodel_coef are >= 0, got {grounding_coef} and {worldmodel_coef}.")
+    if grounding_coef < 0 or worldmodel_coef < 0 or reasoning_coef < 0:
+        raise ValueError(
+            "grounding_coef, worldmodel_coef and reasoning_coef are >= 0, got "
+            f"{grounding_coef}, {worldmodel_coef} and {reasoning_coef}."
+        )
+    if reasoning_coef > 0 and response_format == "no_think":
+        raise ValueError(
+            f"reasoning_coef={reasoning_coef} rewards the <think> block, which response_format='no_think' has none "
+            "of; set response_format=free_think, or reasoning_coef=0."
+        )
+    if reasoning_coef > 0 and type(env).demo_reasoning is LanguageEnv.demo_reasoning:
+        raise ValueError(
+            f"{type(env).__name__} writes no demonstration reasoning to compare <think> with; set reasoning_coef=0 "
+            "for this game."
+        )
     if grounding_coef > 0 and response_format not in ("grounding", "worldmodeling"):
         raise ValueError(
             f"grounding_coef={grounding_coef} rewards the <observation> block, which response_format="
@@ -166,6 +181,7 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
         render_mode: str | None = None,
         grounding_coef: float = 0.0,
         worldmodel_coef: float = 0.0,
+        reasoning_coef: float = 0.0,
     ) -> None:
         if observation not in OBSERVATION_MODES:
             raise ValueError(f"Unknown observation mode {observation!r}; choose one of {OBSERVATION_MODES}.")
@@ -180,8 +196,9 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
             raise ValueError("max_actions_per_turn and max_turns must both be >= 1.")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"Unknown render_mode {render_mode!r}; choose one of {self.metadata['render_modes']}.")
-        check_reasoning_rewards(self, response_format, grounding_coef, worldmodel_coef)
+        check_reasoning_rewards(self, response_format, grounding_coef, worldmodel_coef, reasoning_coef)
         self.grounding_coef, self.worldmodel_coef = float(grounding_coef), float(worldmodel_coef)
+        self.reasoning_coef = float(reasoning_coef)
         self.observation_mode = observation
         self.response_format = response_format
         self.action_separator = action_separator
@@ -286,6 +303,7 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
             "error": None,
             "grounding_score": None,
             "prediction_score": None,
+            "reasoning_match": None,
         }
         return self._observation(f"{self.instructions}\n"), info
 
@@ -304,6 +322,8 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
         else:
             executable, invalid = match_actions(parsed.actions, self.action_names)
         grounding_score = self._grade(parsed.observation, "grounding", "worldmodeling")
+        # judged on the state the turn starts from, exactly as `scripts/evaluate.py mode=failures` compares them
+        reasoning_match = parsed.think.strip() == self.demo_reasoning().strip() if self.reasoning_coef > 0 else None
         turn = self._execute(executable)
         prediction_score = self._grade(parsed.prediction, "worldmodeling")
         error = parsed.error or turn.error
@@ -315,6 +335,7 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
             )
         reward = turn.reward + (self.format_penalty if error else 0.0)
         reward += self.grounding_coef * (grounding_score or 0.0) + self.worldmodel_coef * (prediction_score or 0.0)
+        reward += self.reasoning_coef * bool(reasoning_match)
         truncated = not turn.terminated and (turn.budget_out or self._turn >= self.max_turns)
         self._done = turn.terminated or truncated
         info = {
@@ -327,6 +348,7 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
             "error": error,
             "grounding_score": grounding_score,
             "prediction_score": prediction_score,
+            "reasoning_match": reasoning_match,
         }
         feedback = f"Executed: {', '.join(turn.executed) or 'nothing'}. Reward: {reward:g}."
         if error:

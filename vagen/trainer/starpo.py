@@ -50,9 +50,10 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
 
 def reasoning_scores(turns) -> dict[str, float]:
     """env/grounding_score and env/prediction_score: mean grade of the turns that were graded (the
-    grounding/worldmodeling formats on a game with `state_objects`); absent when no turn was."""
+    grounding/worldmodeling formats on a game with `state_objects`); env/reasoning_match: the share of turns whose
+    <think> equals the demonstration's (when `reasoning_coef` > 0). Each absent when no turn was judged."""
     metrics = {}
-    for key in ("grounding_score", "prediction_score"):
+    for key in ("grounding_score", "prediction_score", "reasoning_match"):
         scores = [turn.info[key] for turn in turns if turn.info.get(key) is not None]
         if scores:
             metrics[f"env/{key}"] = sum(scores) / len(scores)
