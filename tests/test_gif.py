@@ -83,6 +83,20 @@ def test_text_only_env_still_gets_a_gif(tmp_path):
         assert gif.n_frames == 3
 
 
+def test_text_boards_draw_every_symbol_of_the_text_games():
+    """No board symbol comes out as the font's missing-glyph box (PIL's default font has no `√`)."""
+    from envs_text.frozenlake import SYMBOLS as FROZENLAKE
+    from envs_text.navigation import SYMBOLS as NAVIGATION
+    from envs_text.sokoban_level import SYMBOLS as SOKOBAN
+    from vagen.viz.gif import grid_font, text_frame
+
+    missing = grid_font(16).getmask("\ue000")  # a private-use code point: no font draws it
+    for symbol in {*SOKOBAN.values(), *FROZENLAKE.values(), *NAVIGATION.values()}:
+        mask = grid_font(16).getmask(symbol)
+        assert (mask.size, bytes(mask)) != (missing.size, bytes(missing)), symbol
+    assert np.asarray(text_frame("√")).min() < 128  # the symbol is drawn in ink
+
+
 @pytest.mark.parametrize("observation", ["image", "text"])
 def test_an_episode_drawn_from_its_record_is_the_episode_played(observation):
     """GIFs of training rollouts and evaluation records are drawn from what was recorded (each turn's observation and

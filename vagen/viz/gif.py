@@ -26,6 +26,15 @@ def _font(size_px: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
     return ImageFont.load_default(size=size_px)
 
 
+@lru_cache(maxsize=8)
+def grid_font(size_px: int) -> ImageFont.FreeTypeFont:
+    """DejaVu Sans Mono, which matplotlib ships: it draws every symbol of the text games' boards (Sokoban's and
+    FrozenLake's `√` among them), where PIL's default font draws `√` as its missing-glyph box."""
+    import matplotlib  # lazily: only text boards need it
+
+    return ImageFont.truetype(str(Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSansMono.ttf"), size_px)
+
+
 @dataclass
 class EpisodeRecord:
     """One played episode. `frames` has one image per state (the initial state and the state after
@@ -58,7 +67,7 @@ class EpisodeRecord:
 
 def text_frame(text: str, font_px: int = 16) -> Image.Image:
     """Render state text (e.g. a text-only grid) on a fixed character cell so grid columns align."""
-    font = _font(font_px)
+    font = grid_font(font_px)
     rows = text.splitlines() or [""]
     cell_w, cell_h = max(1, round(font.getlength("M"))), round(font_px * 1.3)
     image = Image.new("RGB", (cell_w * max(map(len, rows)) + 2 * cell_w, cell_h * len(rows) + cell_h), "white")
