@@ -31,6 +31,7 @@ INFO_KEYS = (
     "error",
     "grounding_score",  # grade of the <observation> in [0, 1]; None when the format or the game has none
     "prediction_score",  # grade of the <prediction> against the state after the turn; None likewise
+    "reasoning_match",  # <think> equals demo_reasoning() for the state; None unless reasoning_coef > 0
 )
 
 
