@@ -77,13 +77,14 @@ ARMS = {
     "gigpo_meannorm": ["algorithm=gigpo", "trainer.lr=1e-4", "algorithm.normalize_std=false"],
     "gigpo_meannorm_lr3e-4": ["algorithm=gigpo", "trainer.lr=3e-4", "algorithm.normalize_std=false"],
     "gigpo_meannorm_lr1e-3": ["algorithm=gigpo", "trainer.lr=1e-3", "algorithm.normalize_std=false"],
-    # a VAGEN-style reasoning reward: 0.2 per turn whose <think> is the demonstration's reading of the state (a solve
-    # is worth 1 in FrozenLake, 10 in Sokoban), so reading is rewarded in groups whose outcomes do not vary
+    # a VAGEN-style reasoning reward: 0.5 × the share of an episode's turns whose <think> is the demonstration's
+    # reading of the state (a solve is worth 1 in FrozenLake, 10 in Sokoban), so groups whose outcomes do not vary
+    # still rank their readings
     "gigpo_meannorm_reason": [
         "algorithm=gigpo",
         "trainer.lr=1e-4",
         "algorithm.normalize_std=false",
-        "env.kwargs.reasoning_coef=0.2",
+        "env.kwargs.reasoning_coef=0.5",
     ],
     "gigpo_meannorm_plr": [
         "algorithm=gigpo",

@@ -132,9 +132,9 @@ def test_a_missing_block_grades_zero_and_free_think_is_not_graded():
 
 
 @pytest.mark.parametrize("env_id", ["vagen/Sokoban-v0", "vagen/FrozenLake-v0"])
-def test_the_reasoning_reward_pays_for_the_demonstrations_think_text_only(env_id):
-    """reasoning_coef pays once per turn whose <think> is the demonstration's for the state the turn starts from:
-    the demonstrations' turns earn it every time; the same moves with other reasoning earn nothing."""
+def test_the_reasoning_reward_pays_the_share_of_right_readings_once_per_episode(env_id):
+    """reasoning_coef pays at the episode's last turn coef × the share of its turns whose <think> is the
+    demonstration's for the state the turn started from: the demonstrations earn all of it, however many turns."""
     for seed in range(5):
         env, plain = make_env(env_id, reasoning_coef=0.25), make_env(env_id)
         _, info = env.reset(seed=seed)
@@ -146,16 +146,25 @@ def test_the_reasoning_reward_pays_for_the_demonstrations_think_text_only(env_id
             response = demo_response(env, actions)
             _, reward, terminated, truncated, info = env.step(response)
             _, plain_reward, _, _, plain_info = plain.step(response)
-            assert info["reasoning_match"] is True and plain_info["reasoning_match"] is None
-            assert reward == pytest.approx(plain_reward + 0.25)
             done = terminated or truncated
-        env.reset(seed=seed)
-        plain.reset(seed=seed)
-        first = env.unwrapped.solver_actions()[0]
-        other = f"<think>{env.unwrapped.demo_reasoning()} The goal is near.</think><answer>{first}</answer>"
-        _, reward, _, _, info = env.step(other)
-        _, plain_reward, *_ = plain.step(other)
-        assert info["reasoning_match"] is False and reward == plain_reward
+            assert info["reasoning_match"] is True and plain_info["reasoning_match"] is None
+            assert reward == pytest.approx(plain_reward + (0.25 if done else 0.0))
+
+
+def test_the_reasoning_reward_worked_example():
+    """FrozenLake, one move a turn, 4 turns to the goal: right reading; right reading but two moves (an error, so
+    it counts as wrong); right reading; wrong reading, which solves. Paid at the end: 1 + 0.3 × 2/4."""
+    env = make_env("vagen/FrozenLake-v0", desc=["SFF", "FHF", "FFG"], reasoning_coef=0.3, max_actions_per_turn=1)
+    env.reset(seed=0)
+    game = env.unwrapped
+    steps = []
+    for think, answer in [(None, "Right"), (None, "Right || Right"), (None, "Down"), ("wrong", "Down")]:
+        response = f"<think>{think or game.demo_reasoning()}</think><answer>{answer}</answer>"
+        _, reward, terminated, _, info = env.step(response)
+        steps.append((reward, info["reasoning_match"], terminated))
+    assert [match for _, match, _ in steps] == [True, False, True, False]
+    assert [reward for reward, _, _ in steps[:3]] == [0.0, -0.1, 0.0]  # the extra move is priced as a format error
+    assert steps[3][2] and info["success"] and steps[3][0] == pytest.approx(1.0 + 0.3 * 2 / 4)
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ INFO_KEYS = (
     "error",
     "grounding_score",  # grade of the <observation> in [0, 1]; None when the format or the game has none
     "prediction_score",  # grade of the <prediction> against the state after the turn; None likewise
-    "reasoning_match",  # <think> equals demo_reasoning() for the state; None unless reasoning_coef > 0
+    "reasoning_match",  # <think> equals demo_reasoning() and the turn had no error; None unless reasoning_coef > 0
 )
 
 
@@ -293,6 +293,7 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict]:
         super().reset(seed=seed)
         self._turn, self._success, self._done = 0, False, False
+        self._right_readings = 0
         self._reset_game(options)
         info = {
             "success": False,
@@ -336,9 +337,13 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
             )
         reward = turn.reward + (self.format_penalty if error else 0.0)
         reward += self.grounding_coef * (grounding_score or 0.0) + self.worldmodel_coef * (prediction_score or 0.0)
-        reward += self.reasoning_coef * bool(reasoning_match)
         truncated = not turn.terminated and (turn.budget_out or self._turn >= self.max_turns)
         self._done = turn.terminated or truncated
+        if reasoning_match is not None:
+            reasoning_match = reasoning_match and error is None  # a malformed or invalid turn reads nothing right
+            self._right_readings += reasoning_match
+            if self._done:  # once per episode, the share of its turns: more turns or stalling earn no more
+                reward += self.reasoning_coef * self._right_readings / self._turn
         info = {
             "success": self._success,
             "format_ok": parsed.format_ok,
