@@ -84,7 +84,7 @@ ARMS = {
         "algorithm=gigpo",
         "trainer.lr=1e-4",
         "algorithm.normalize_std=false",
-        "env.kwargs.reasoning_coef=0.5",
+        "++env.kwargs.reasoning_coef=0.5",  # ++: the text games' yamls (tiny_text's stamped recipe) lack it
     ],
     "gigpo_meannorm_plr": [
         "algorithm=gigpo",
