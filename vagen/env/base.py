@@ -241,6 +241,11 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
         override it with words a small model can ground in the observation."""
         raise NotImplementedError(f"{type(self).__name__} has no demonstration reasoning.")
 
+    def reasoning_matches(self, think: str) -> bool:
+        """Whether `think` is `demo_reasoning()` for the current state, surrounding whitespace aside: what
+        `reasoning_coef` pays for and what `scripts/evaluate.py mode=failures` counts."""
+        return think.strip() == self.demo_reasoning().strip()
+
     def key_cells(self) -> list[tuple[int, int]]:
         """(row, col) of the things the demonstration reasoning is about, player first: the labels of the
         vision pre-training in supervised warm starts (each image tile learns their direction from it)."""
@@ -324,8 +329,8 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
         else:
             executable, invalid = match_actions(parsed.actions, self.action_names)
         grounding_score = self._grade(parsed.observation, "grounding", "worldmodeling")
-        # judged on the state the turn starts from, exactly as `scripts/evaluate.py mode=failures` compares them
-        reasoning_match = parsed.think.strip() == self.demo_reasoning().strip() if self.reasoning_coef > 0 else None
+        # judged on the state the turn starts from, as `scripts/evaluate.py mode=failures` judges it
+        reasoning_match = self.reasoning_matches(parsed.think) if self.reasoning_coef > 0 else None
         turn = self._execute(executable)
         prediction_score = self._grade(parsed.prediction, "worldmodeling")
         error = parsed.error or turn.error

@@ -85,7 +85,7 @@ def replay_episode(env: Any, record: dict[str, Any]) -> EpisodeReplay:
             action_separator=game.action_separator,
             max_actions=game.max_actions_per_turn,
         ).think
-        reasoning_matches = think.strip() == game.demo_reasoning().strip()
+        reasoning_matches = game.reasoning_matches(think)
         _, _, _, _, info = env.step(response)
         success = bool(info.get("success", False))
         after = _distance(game, success)
