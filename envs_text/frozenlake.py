@@ -6,6 +6,7 @@ The dynamics are Gymnasium's FrozenLake-v1 (`transition_table` builds the same t
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections import deque
 from collections.abc import Sequence
@@ -26,6 +27,11 @@ _TILES = "SFHG"
 # Cell codes of `FrozenLakeTextEnv.grid()`; the visual renderer depends on these exact values.
 FROZEN, HOLE, GOAL, PLAYER, PLAYER_IN_HOLE, PLAYER_ON_GOAL = range(6)
 SYMBOLS = {FROZEN: "_", HOLE: "O", GOAL: "G", PLAYER: "P", PLAYER_IN_HOLE: "X", PLAYER_ON_GOAL: "√"}
+
+_SIDES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}  # demo_reasoning's order
+_GOAL_READING = re.compile(r"\bgoal is ([a-z]+(?:-[a-z]+)?) of me\b")
+_HOLES_READING = re.compile(r"\bholes?((?: (?:up|down|left|right)\b)+)")
+_NO_HOLE_READING = re.compile(r"\bno hole next to me\b")
 
 Transition = tuple[float, int, float, bool]  # (probability, next state, reward, terminated)
 
@@ -256,17 +262,38 @@ class FrozenLakeTextEnv(LanguageEnv):
     def demo_reasoning(self) -> str:
         """Where the goal is from the player and which neighbouring cells are holes, in relative words:
         "goal is down-right of me, holes right." """
-        goal = next((r, row.index("G")) for r, row in enumerate(self.desc) if "G" in row)
-        here = self.player
-        holes = [
-            name.lower()
-            for name, (dr, dc) in zip(("Up", "Down", "Left", "Right"), ((-1, 0), (1, 0), (0, -1), (0, 1)), strict=True)
-            if 0 <= here[0] + dr < len(self.desc)
-            and 0 <= here[1] + dc < len(self.desc[0])
-            and self.desc[here[0] + dr][here[1] + dc] == "H"
-        ]
+        holes = self._holes_next_to_player()
         near = f"holes {' '.join(holes)}" if holes else "no hole next to me"
-        return f"goal is {relative_direction(goal[0] - here[0], goal[1] - here[1])} of me, {near}."
+        return f"goal is {self._goal_direction()} of me, {near}."
+
+    def reading_facts(self, think: str) -> float:
+        """The share of five facts `think` states rightly: the goal's direction ("goal is <direction> of me"), and for
+        each of up, down, left and right whether a hole is there ("holes up left"; "no hole next to me"; a cell off
+        the board has none). Only the first statement of each counts; a reading that names no holes, or both holes
+        and none, gets the four hole facts wrong."""
+        goal = _GOAL_READING.search(think)
+        holes_named, no_hole = _HOLES_READING.search(think), _NO_HOLE_READING.search(think)
+        right = int(goal is not None and goal.group(1) == self._goal_direction())
+        if (holes_named is None) != (no_hole is None):  # exactly one statement about the holes
+            claimed = set(holes_named.group(1).split()) if holes_named else set()
+            truth = set(self._holes_next_to_player())
+            right += sum((side in claimed) == (side in truth) for side in _SIDES)
+        return right / (1 + len(_SIDES))
+
+    def _goal_direction(self) -> str:
+        goal = next((r, row.index("G")) for r, row in enumerate(self.desc) if "G" in row)
+        return relative_direction(goal[0] - self.player[0], goal[1] - self.player[1])
+
+    def _holes_next_to_player(self) -> list[str]:
+        """The sides of the player (up, down, left, right, in that order) whose cell is a hole."""
+        row, col = self.player
+        return [
+            side
+            for side, (dr, dc) in _SIDES.items()
+            if 0 <= row + dr < len(self.desc)
+            and 0 <= col + dc < len(self.desc[0])
+            and self.desc[row + dr][col + dc] == "H"
+        ]
 
     def key_cells(self) -> list[tuple[int, int]]:
         """The player and the goal."""

@@ -89,6 +89,15 @@ ARMS = {
         "algorithm.normalize_std=false",
         "++env.kwargs.reasoning_coef=0.5",  # ++: the text games' yamls (tiny_text's stamped recipe) lack it
     ],
+    # the same reward, paid per fact (FrozenLake: the goal's direction and a hole or none on each side), so a reading
+    # with one hole missed earns 4/5 where the exact match paid nothing
+    "gigpo_meannorm_facts": [
+        "algorithm=gigpo",
+        "trainer.lr=1e-4",
+        "algorithm.normalize_std=false",
+        "++env.kwargs.reasoning_coef=0.5",
+        "++env.kwargs.reasoning_credit=facts",
+    ],
     "gigpo_meannorm_plr": [
         "algorithm=gigpo",
         "trainer.lr=1e-4",

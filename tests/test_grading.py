@@ -167,12 +167,69 @@ def test_the_reasoning_reward_worked_example():
     assert steps[3][2] and info["success"] and steps[3][0] == pytest.approx(1.0 + 0.3 * 2 / 4)
 
 
+def test_reading_facts_worked_example():
+    """reasoning_credit=facts: five facts, the goal's direction and a hole or none on each side (off the board: none).
+    The player at (0, 1) of this lake has a hole below it and the goal down-right."""
+    env = make_env("vagen/FrozenLake-v0", desc=["SFF", "FHF", "FFG"], reasoning_coef=0.5, reasoning_credit="facts")
+    env.reset(seed=0)
+    env.step("<think>x</think><answer>Right</answer>")
+    game = env.unwrapped
+    assert game.demo_reasoning() == "goal is down-right of me, holes down."
+    cases = {
+        "goal is down-right of me, holes down.": 5,
+        "holes down, and the goal is down-right of me": 5,  # order and other words aside
+        "goal is down-right of me, no hole next to me.": 4,  # the hole below missed
+        "goal is down of me, holes down left.": 3,  # goal wrong, a hole named where there is none
+        "goal is down of me, holes up.": 2,  # the hole off the board is wrong too, the hole below missed
+        "goal is down-right of me, holes down. no hole next to me": 1,  # both statements: the hole facts are wrong
+        "goal is left of me. goal is down-right of me, holes down.": 4,  # only the first statement counts
+        "": 0,
+    }
+    for think, right in cases.items():
+        assert game.reading_facts(think) == pytest.approx(right / 5), think
+    assert not game.reasoning_matches("goal is down-right of me, no hole next to me.")
+
+
+def test_the_demonstration_reads_every_fact_right_and_facts_pay_their_share():
+    """The demonstrations' readings are worth 1 in every state they visit; a solve whose turns read 1 and 0.8 of the
+    facts, with one turn in between that has an error (credit 0), earns coef × (1 + 0 + 0.8) / 3 at its end."""
+    for seed in range(20):
+        env = make_env("vagen/FrozenLake-v0", reasoning_coef=0.5, reasoning_credit="facts")
+        env.reset(seed=seed)
+        done = False
+        while not done:
+            assert env.unwrapped.reading_facts(env.unwrapped.demo_reasoning()) == 1.0
+            response = demo_response(env, env.unwrapped.solver_actions()[: env.unwrapped.max_actions_per_turn])
+            _, _, terminated, truncated, info = env.step(response)
+            assert info["reasoning_match"] == 1.0
+            done = terminated or truncated
+    env = make_env(
+        "vagen/FrozenLake-v0",
+        desc=["SFF", "FFF", "FFG"],
+        reasoning_coef=0.5,
+        reasoning_credit="facts",
+        max_actions_per_turn=2,
+    )
+    env.reset(seed=0)
+    game = env.unwrapped
+    right = f"<think>{game.demo_reasoning()}</think><answer>Right || Right</answer>"
+    _, _, _, _, first = env.step(right)
+    _, _, _, _, second = env.step(f"<think>{game.demo_reasoning()}</think><answer>Jump</answer>")
+    _, reward, terminated, _, third = env.step(
+        "<think>goal is down of me, holes left.</think><answer>Down || Down</answer>"
+    )
+    assert (first["reasoning_match"], second["reasoning_match"], third["reasoning_match"]) == (1.0, 0.0, 0.8)
+    assert terminated and third["success"] and reward == pytest.approx(1.0 + 0.5 * 1.8 / 3)
+
+
 @pytest.mark.parametrize(
     ("env_id", "kwargs", "fix"),
     [
         ("vagen/Sokoban-v0", {"reasoning_coef": 0.5, "response_format": "no_think"}, "response_format=free_think"),
         ("vagen/Sokoban-v0", {"reasoning_coef": -0.5}, ">= 0"),
         ("vagen/Countdown-v0", {"reasoning_coef": 0.5}, "reasoning_coef=0"),
+        ("vagen/Sokoban-v0", {"reasoning_coef": 0.5, "reasoning_credit": "facts"}, "reasoning_credit=exact"),
+        ("vagen/FrozenLake-v0", {"reasoning_credit": "most"}, "Unknown reasoning_credit"),
         ("vagen/Sokoban-v0", {"grounding_coef": 0.5}, "response_format=grounding"),
         ("vagen/Sokoban-v0", {"response_format": "grounding", "worldmodel_coef": 0.5}, "response_format=worldmodeling"),
         ("vagen/Sokoban-v0", {"response_format": "grounding", "grounding_coef": -1.0}, ">= 0"),

@@ -31,8 +31,10 @@ INFO_KEYS = (
     "error",
     "grounding_score",  # grade of the <observation> in [0, 1]; None when the format or the game has none
     "prediction_score",  # grade of the <prediction> against the state after the turn; None likewise
-    "reasoning_match",  # <think> equals demo_reasoning() and the turn had no error; None unless reasoning_coef > 0
+    "reasoning_match",  # the turn's reading credit (reasoning_credit): exact: <think> equals demo_reasoning() (bool);
+    # facts: the share of its facts right (float); False / 0.0 for a turn with an error; None unless reasoning_coef > 0
 )
+REASONING_CREDITS = ("exact", "facts")
 
 
 @dataclass(frozen=True)
@@ -114,9 +116,21 @@ def echo_safe(text: str, limit: int = MAX_ECHO_CHARS) -> str:
 
 
 def check_reasoning_rewards(
-    env: LanguageEnv, response_format: str, grounding_coef: float, worldmodel_coef: float, reasoning_coef: float = 0.0
+    env: LanguageEnv,
+    response_format: str,
+    grounding_coef: float,
+    worldmodel_coef: float,
+    reasoning_coef: float = 0.0,
+    reasoning_credit: str = "exact",
 ):
     """Refuse reasoning-reward settings that could never pay: a clear error before any model loads."""
+    if reasoning_credit not in REASONING_CREDITS:
+        raise ValueError(f"Unknown reasoning_credit {reasoning_credit!r}; choose one of {REASONING_CREDITS}.")
+    if reasoning_credit == "facts" and type(env).reading_facts is LanguageEnv.reading_facts:
+        raise ValueError(
+            f"{type(env).__name__} does not split its demonstration reasoning into facts; set "
+            "reasoning_credit=exact for this game."
+        )
     if grounding_coef < 0 or worldmodel_coef < 0 or reasoning_coef < 0:
         raise ValueError(
             "grounding_coef, worldmodel_coef and reasoning_coef are >= 0, got "
@@ -183,6 +197,7 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
         grounding_coef: float = 0.0,
         worldmodel_coef: float = 0.0,
         reasoning_coef: float = 0.0,
+        reasoning_credit: str = "exact",
     ) -> None:
         if observation not in OBSERVATION_MODES:
             raise ValueError(f"Unknown observation mode {observation!r}; choose one of {OBSERVATION_MODES}.")
@@ -197,9 +212,11 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
             raise ValueError("max_actions_per_turn and max_turns must both be >= 1.")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"Unknown render_mode {render_mode!r}; choose one of {self.metadata['render_modes']}.")
-        check_reasoning_rewards(self, response_format, grounding_coef, worldmodel_coef, reasoning_coef)
+        check_reasoning_rewards(
+            self, response_format, grounding_coef, worldmodel_coef, reasoning_coef, reasoning_credit
+        )
         self.grounding_coef, self.worldmodel_coef = float(grounding_coef), float(worldmodel_coef)
-        self.reasoning_coef = float(reasoning_coef)
+        self.reasoning_coef, self.reasoning_credit = float(reasoning_coef), reasoning_credit
         self.observation_mode = observation
         self.response_format = response_format
         self.action_separator = action_separator
@@ -245,6 +262,16 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
         """Whether `think` is `demo_reasoning()` for the current state, surrounding whitespace aside: what
         `reasoning_coef` pays for and what `scripts/evaluate.py mode=failures` counts."""
         return think.strip() == self.demo_reasoning().strip()
+
+    def reading_facts(self, think: str) -> float:
+        """The share of `demo_reasoning()`'s facts about the current state that `think` states rightly, in [0, 1]
+        (`reasoning_credit=facts`): partial credit for a reading with one fact wrong, where `reasoning_matches`
+        gives none. Games override it with a parser of their own reasoning's words."""
+        raise NotImplementedError(f"{type(self).__name__} does not split its reasoning into facts.")
+
+    def reading_credit(self, think: str) -> bool | float:
+        """What `reasoning_coef` pays a turn for, judged on the state the turn starts from."""
+        return self.reading_facts(think) if self.reasoning_credit == "facts" else self.reasoning_matches(think)
 
     def key_cells(self) -> list[tuple[int, int]]:
         """(row, col) of the things the demonstration reasoning is about, player first: the labels of the
@@ -330,7 +357,7 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
             executable, invalid = match_actions(parsed.actions, self.action_names)
         grounding_score = self._grade(parsed.observation, "grounding", "worldmodeling")
         # judged on the state the turn starts from, as `scripts/evaluate.py mode=failures` judges it
-        reasoning_match = self.reasoning_matches(parsed.think) if self.reasoning_coef > 0 else None
+        reasoning_match = self.reading_credit(parsed.think) if self.reasoning_coef > 0 else None
         turn = self._execute(executable)
         prediction_score = self._grade(parsed.prediction, "worldmodeling")
         error = parsed.error or turn.error
@@ -345,7 +372,8 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
         truncated = not turn.terminated and (turn.budget_out or self._turn >= self.max_turns)
         self._done = turn.terminated or truncated
         if reasoning_match is not None:
-            reasoning_match = reasoning_match and error is None  # a malformed or invalid turn reads nothing right
+            if error is not None:  # a malformed or invalid turn reads nothing right
+                reasoning_match = False if isinstance(reasoning_match, bool) else 0.0
             self._right_readings += reasoning_match
             if self._done:  # once per episode, the share of its turns: more turns or stalling earn no more
                 reward += self.reasoning_coef * self._right_readings / self._turn

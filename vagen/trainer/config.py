@@ -187,6 +187,8 @@ OPTIONS: dict[str, Option] = {
     "env.kwargs.worldmodel_coef": Option(float, BONUS, "turn reward += coef · grade of <prediction>"),
     "env.kwargs.reasoning_coef": Option(float, BONUS, "episode reward += coef · share of turns whose <think> "
                                          "is the demonstration's"),
+    "env.kwargs.reasoning_credit": Option(str, ("exact", "facts"), "what reasoning_coef pays a turn: its <think> "
+                                          "equal to the demonstration's, or the share of its facts right"),
     "env.kwargs.step_penalty": Option(float, PENALTY, "reward per executed action"),
     "env.kwargs.step_penalty_on_solve": Option(bool, "", "step penalties charged at the solve, none on a fail"),
     "env.kwargs.distance_shaping": Option(float, BONUS, "potential-based reward per action (0 = off)"),
