@@ -78,6 +78,13 @@ def test_report_counts_outcomes_distances_and_turns():
     assert report["optimal_turns_by_turn"] == {0: "1/3 (33%)", 1: "1/2 (50%)"}
     assert report["dead_ends_entered_by_turn"] == {0: "1/3 (33%)", 1: "0/2 (0%)"}
     assert report["reasoning_matches_demo"] == {"solvable states": "3/4 (75%)", "dead ends": "0/1 (0%)"}
+    assert "reading_facts_right" not in report  # no game here splits its reading into facts
+
+
+def test_report_averages_the_reading_facts_over_solvable_states():
+    turns = [TurnReplay(4, 3, 1, True, 1.0), TurnReplay(3, 2, 1, False, 0.6), TurnReplay(None, None, 1, False, 0.0)]
+    report = failure_report([EpisodeReplay(0, False, 4, turns)])
+    assert report["reading_facts_right"] == "80.0% of the facts in 2 solvable states"
 
 
 def test_evaluate_mode_failures_prints_and_writes_each_cells_report(tmp_path):

@@ -31,6 +31,8 @@ class TurnReplay:
     distance_after: int | None
     executed_actions: int
     reasoning_matches: bool  # the response's <think> text is the demonstration's for the state it saw
+    facts_right: float | None = None  # the share of the demonstration reading's facts it states rightly (games with
+    # `reading_facts`, as reasoning_credit=facts pays; None elsewhere)
 
     @property
     def optimal(self) -> bool:
@@ -86,10 +88,11 @@ def replay_episode(env: Any, record: dict[str, Any]) -> EpisodeReplay:
             max_actions=game.max_actions_per_turn,
         ).think
         reasoning_matches = game.reasoning_matches(think)
+        facts_right = _facts_right(game, think)
         _, _, _, _, info = env.step(response)
         success = bool(info.get("success", False))
         after = _distance(game, success)
-        turns.append(TurnReplay(before, after, len(info.get("actions", [])), reasoning_matches))
+        turns.append(TurnReplay(before, after, len(info.get("actions", [])), reasoning_matches, facts_right))
         before = after
     if success != bool(record["success"]):
         raise ValueError(
@@ -97,6 +100,13 @@ def replay_episode(env: Any, record: dict[str, Any]) -> EpisodeReplay:
             f"{'solved' if record['success'] else 'failed'}; replay with the settings.json they were played with."
         )
     return EpisodeReplay(record["seed"], success, initial, turns)
+
+
+def _facts_right(game: Any, think: str) -> float | None:
+    try:
+        return game.reading_facts(think)
+    except NotImplementedError:
+        return None
 
 
 def _share(hits: int, total: int) -> str:
@@ -119,7 +129,9 @@ def failure_report(replays: Sequence[EpisodeReplay]) -> dict[str, Any]:
         return shares
 
     all_turns = [turn for replay in replays for turn in replay.turns]
-    return {
+    solvable = [turn for turn in all_turns if turn.distance_before is not None]
+    facts = [turn.facts_right for turn in solvable if turn.facts_right is not None]
+    report = {
         "episodes": len(replays),
         "outcomes": {name: _share(outcomes[name], len(replays)) for name in ("solved", "dead end", "out of turns")},
         "success_by_initial_distance": {  # str keys: the report is written as JSON; None (no plan) last
@@ -132,11 +144,14 @@ def failure_report(replays: Sequence[EpisodeReplay]) -> dict[str, Any]:
         "reasoning_matches_demo": {
             where: _share(sum(turn.reasoning_matches for turn in turns), len(turns))
             for where, turns in (
-                ("solvable states", [turn for turn in all_turns if turn.distance_before is not None]),
+                ("solvable states", solvable),
                 ("dead ends", [turn for turn in all_turns if turn.distance_before is None]),
             )
         },
     }
+    if facts:
+        report["reading_facts_right"] = f"{sum(facts) / len(facts):.1%} of the facts in {len(facts)} solvable states"
+    return report
 
 
 def replay_cell(settings: dict[str, Any], records: Iterable[dict[str, Any]]) -> list[EpisodeReplay]:
@@ -177,6 +192,8 @@ def report_lines(name: str, report: dict[str, Any]) -> list[str]:
         "  reasoning equal to the demonstration's for the state seen: "
         + ", ".join(f"in {where} {share}" for where, share in matches.items())
     )
+    if "reading_facts_right" in report:
+        lines.append(f"  reading's facts stated rightly: {report['reading_facts_right']}")
     return lines
 
 
