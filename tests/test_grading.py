@@ -188,6 +188,8 @@ def test_reading_facts_worked_example():
     for think, right in cases.items():
         assert game.reading_facts(think) == pytest.approx(right / 5), think
     assert not game.reasoning_matches("goal is down-right of me, no hole next to me.")
+    for text in HOSTILE_RESPONSES:  # model output never raises, and a credit stays a share
+        assert 0.0 <= game.reading_facts(text) <= 1.0
 
 
 def test_the_demonstration_reads_every_fact_right_and_facts_pay_their_share():
