@@ -280,8 +280,11 @@ class FrozenLakeTextEnv(LanguageEnv):
             right += sum((side in claimed) == (side in truth) for side in _SIDES)
         return right / (1 + len(_SIDES))
 
+    def _goal_cell(self) -> tuple[int, int]:
+        return next((r, row.index("G")) for r, row in enumerate(self.desc) if "G" in row)
+
     def _goal_direction(self) -> str:
-        goal = next((r, row.index("G")) for r, row in enumerate(self.desc) if "G" in row)
+        goal = self._goal_cell()
         return relative_direction(goal[0] - self.player[0], goal[1] - self.player[1])
 
     def _holes_next_to_player(self) -> list[str]:
@@ -297,8 +300,7 @@ class FrozenLakeTextEnv(LanguageEnv):
 
     def key_cells(self) -> list[tuple[int, int]]:
         """The player and the goal."""
-        goal = next((r, row.index("G")) for r, row in enumerate(self.desc) if "G" in row)
-        return [tuple(self.player), goal]
+        return [tuple(self.player), self._goal_cell()]
 
     def state_key(self) -> tuple[int, int]:
         """The player's cell: the map never changes within an episode."""

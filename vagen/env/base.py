@@ -126,7 +126,7 @@ def check_reasoning_rewards(
     """Refuse reasoning-reward settings that could never pay: a clear error before any model loads."""
     if reasoning_credit not in REASONING_CREDITS:
         raise ValueError(f"Unknown reasoning_credit {reasoning_credit!r}; choose one of {REASONING_CREDITS}.")
-    if reasoning_credit == "facts" and type(env).reading_facts is LanguageEnv.reading_facts:
+    if reasoning_credit == "facts" and not env.supports_reading_facts:
         raise ValueError(
             f"{type(env).__name__} does not split its demonstration reasoning into facts; set "
             "reasoning_credit=exact for this game."
@@ -312,6 +312,12 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
     def supports_grading(self) -> bool:
         """Whether `<observation>`/`<prediction>` can be graded: the game lists its `state_objects()`."""
         return type(self).state_objects is not LanguageEnv.state_objects
+
+    @property
+    def supports_reading_facts(self) -> bool:
+        """Whether a `<think>` reading can be credited per fact (`reasoning_credit=facts`): the game overrides
+        `reading_facts`."""
+        return type(self).reading_facts is not LanguageEnv.reading_facts
 
     # ---- the protocol ----------------------------------------------------------------------
     @property

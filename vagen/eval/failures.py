@@ -88,7 +88,7 @@ def replay_episode(env: Any, record: dict[str, Any]) -> EpisodeReplay:
             max_actions=game.max_actions_per_turn,
         ).think
         reasoning_matches = game.reasoning_matches(think)
-        facts_right = _facts_right(game, think)
+        facts_right = game.reading_facts(think) if game.supports_reading_facts else None
         _, _, _, _, info = env.step(response)
         success = bool(info.get("success", False))
         after = _distance(game, success)
@@ -100,13 +100,6 @@ def replay_episode(env: Any, record: dict[str, Any]) -> EpisodeReplay:
             f"{'solved' if record['success'] else 'failed'}; replay with the settings.json they were played with."
         )
     return EpisodeReplay(record["seed"], success, initial, turns)
-
-
-def _facts_right(game: Any, think: str) -> float | None:
-    try:
-        return game.reading_facts(think)
-    except NotImplementedError:
-        return None
 
 
 def _share(hits: int, total: int) -> str:
