@@ -78,6 +78,9 @@ ARMS = {
     # GiGPO's mean_norm variant: advantages in reward units, not divided by the group's std, so groups weigh by their
     # reward spread: a solve/fail difference (10) outweighs a move-count difference (0.1 a move) about 100 times
     "gigpo_meannorm": ["algorithm=gigpo", "trainer.lr=1e-4", "algorithm.normalize_std=false"],
+    # the algorithm presets at the defaults' learning rate, for arms at equal episodes beside gigpo_meannorm
+    "grpo_lr1e-4": ["algorithm=grpo", "trainer.lr=1e-4"],
+    "starpo_s_lr1e-4": ["algorithm=starpo_s", "trainer.lr=1e-4"],
     "gigpo_meannorm_lr3e-4": ["algorithm=gigpo", "trainer.lr=3e-4", "algorithm.normalize_std=false"],
     "gigpo_meannorm_lr1e-3": ["algorithm=gigpo", "trainer.lr=1e-3", "algorithm.normalize_std=false"],
     # a VAGEN-style reasoning reward: 0.5 × the share of an episode's turns whose <think> is the demonstration's
