@@ -107,6 +107,14 @@ ARMS = {
         "algorithm.normalize_std=false",
         "trainer.level_sampler=plr",
     ],
+    # RAGEN's SNR filter with the defaults: roll 8 groups out, train on the smallest set of highest-spread groups that
+    # holds 90% of the spread (at equal rollouts with gigpo_meannorm_plr, which chooses the levels before rolling out)
+    "gigpo_meannorm_top_p": [
+        "algorithm=gigpo",
+        "trainer.lr=1e-4",
+        "algorithm.normalize_std=false",
+        "filter=top_p",
+    ],
     # Sokoban only: the move cost charged at the solve (none on a failure): all-success groups still rank solutions by
     # length, all-fail groups no longer rank attempts by how little they moved
     "gigpo_solvecost": ["algorithm=gigpo", "trainer.lr=1e-4", STD, "env.kwargs.step_penalty_on_solve=true"],
