@@ -107,6 +107,13 @@ ARMS = {
         "algorithm.normalize_std=false",
         "trainer.level_sampler=plr",
     ],
+    # new levels kept most at the solver distances where the policy's success is nearest 50% (levels.FrontierSampler)
+    "gigpo_meannorm_frontier": [
+        "algorithm=gigpo",
+        "trainer.lr=1e-4",
+        "algorithm.normalize_std=false",
+        "trainer.level_sampler=frontier",
+    ],
     # RAGEN's SNR filter with the defaults: roll 8 groups out, train on the smallest set of highest-spread groups that
     # holds 90% of the spread (at equal rollouts with gigpo_meannorm_plr, which chooses the levels before rolling out)
     "gigpo_meannorm_top_p": [

@@ -314,6 +314,12 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
         return type(self).state_objects is not LanguageEnv.state_objects
 
     @property
+    def supports_solver(self) -> bool:
+        """Whether the game has an oracle plan (`solver_actions`): the solver policy, the first-move probe and the
+        frontier level sampler need it."""
+        return type(self).solver_actions is not LanguageEnv.solver_actions
+
+    @property
     def supports_reading_facts(self) -> bool:
         """Whether a `<think>` reading can be credited per fact (`reasoning_credit=facts`): the game overrides
         `reading_facts`."""

@@ -75,11 +75,16 @@ OPTIONS: dict[str, Option] = {
     "trainer.groups": Option(int, "[1, inf)", "P: initial states (env seeds) per iteration"),
     "trainer.group_size": Option(int, "[1, inf)", "N: rollouts per initial state"),
     "trainer.level_pool": Option(int, f"[0, {SEED_STRIDE}]", "0: new levels every iteration; L: cycle through L"),
-    "trainer.level_sampler": Option(str, LEVEL_SAMPLERS, "fresh levels, or prioritised level replay (plr)"),
+    "trainer.level_sampler": Option(
+        str, LEVEL_SAMPLERS, "fresh levels, prioritised level replay (plr), or new levels kept by difficulty (frontier)"
+    ),
     "trainer.plr.replay_prob": Option(float, "[0, 1]", "chance that a group slot replays a seen level"),
     "trainer.plr.temperature": Option(float, "(0, inf)", "β of the rank weighting (1/rank)^(1/β)"),
     "trainer.plr.staleness": Option(float, "[0, 1]", "ρ: weight of the staleness distribution"),
     "trainer.plr.buffer_size": Option(int, "[1, inf)", "levels remembered by prioritised replay"),
+    "trainer.frontier.memory": Option(float, "[0, 1]", "share of a distance's success counts kept per iteration"),
+    "trainer.frontier.floor": Option(float, "(0, 1]", "lowest keep probability of a new level"),
+    "trainer.frontier.max_candidates": Option(int, "[1, inf)", "new levels looked at per group slot"),
     "trainer.ppo_epochs": Option(int, "[1, inf)", "passes over the batch per iteration"),
     "trainer.mini_batch_size": Option(int, "[1, inf)", "dialogues per optimizer step"),
     "trainer.micro_batch_size": Option(int, "[1, inf)", "most dialogues per forward/backward (accumulated)"),
@@ -431,6 +436,11 @@ def _check_levels(trainer: Any) -> None:
             f"trainer.level_pool={pool!r} must be 0 (new levels every iteration) or a whole number from "
             f"trainer.groups={trainer.groups} (so one batch never plays a level twice) to {SEED_STRIDE}."
         )
+    if trainer.level_sampler == "frontier" and pool:
+        raise ValueError(
+            f"trainer.level_sampler=frontier chooses among new levels; trainer.level_pool={pool} would fix them. Set "
+            "trainer.level_pool=0, or trainer.level_sampler=fresh."
+        )
     if trainer.level_sampler != "plr":
         return
     plr = trainer.plr
@@ -601,6 +611,11 @@ def check_env(cfg: Any) -> None:
     drawn = max((image.width * image.height for image in observation.images), default=0)
     if drawn > planned:
         check_batch_memory(cfg, drawn)
+    if cfg.trainer.level_sampler == "frontier" and not env.unwrapped.supports_solver:
+        raise ValueError(
+            f"trainer.level_sampler=frontier sorts levels by the solver's distance, and env={env_cfg.name} has no "
+            "solver (solver_actions). Use trainer.level_sampler=plr or fresh for this game."
+        )
     env.close()
 
 

@@ -23,12 +23,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from vagen.engines import SamplingParams
 from vagen.engines.base import derive_seed
+from vagen.env import make_env
 from vagen.filtering import apply_empty_policy, select_groups
 from vagen.rollout import Trajectory, trajectories_to_batch
 from vagen.rollout.validation import actions_per_turn, episode_metrics, validation_metrics
 from vagen.trainer.config import validate_config
 from vagen.trainer.learner import SAMPLING_STREAM, Learner
-from vagen.trainer.levels import SEED_STRIDE, LevelSampler, PLRSettings
+from vagen.trainer.levels import SEED_STRIDE, FrontierSampler, FrontierSettings, LevelSampler, PLRSettings
 from vagen.trainer.monitor import DiagnosticsMonitor
 
 
@@ -71,6 +72,24 @@ def group_returns(trajectories: list[Trajectory], groups: int, group_size: int) 
     return rewards
 
 
+def level_sampler(cfg: DictConfig) -> LevelSampler | FrontierSampler:
+    """`trainer.level_sampler`'s sampler; the frontier one measures each candidate level's solver distance on an env
+    of its own."""
+    trainer, first_seed = cfg.trainer, cfg.seed * SEED_STRIDE
+    if trainer.level_sampler != "frontier":
+        plr = PLRSettings(**OmegaConf.to_container(trainer.plr, resolve=True))
+        return LevelSampler(trainer.level_sampler, cfg.seed, first_seed, trainer.level_pool, plr)
+    env = make_env(cfg.env.id, **OmegaConf.to_container(cfg.env.kwargs, resolve=True))
+
+    def distance(seed: int) -> int:
+        """The solver's fewest moves from the level's start (0: no plan)."""
+        env.reset(seed=seed)
+        return len(env.unwrapped.solver_actions())
+
+    settings = FrontierSettings(**OmegaConf.to_container(trainer.frontier, resolve=True))
+    return FrontierSampler(cfg.seed, first_seed, settings, distance)
+
+
 def run_fingerprint(cfg: DictConfig) -> dict[str, Any]:
     """What a checkpoint must agree with to be resumed by `cfg` (not the worker count: any N resumes)."""
     return {
@@ -100,9 +119,7 @@ class StarPOTrainer:
         validate_config(cfg)  # before any model loads
         self.cfg = cfg
         self.iteration = 0
-        trainer = cfg.trainer
-        plr = PLRSettings(**OmegaConf.to_container(trainer.plr, resolve=True))
-        self.levels = LevelSampler(trainer.level_sampler, cfg.seed, cfg.seed * SEED_STRIDE, trainer.level_pool, plr)
+        self.levels = level_sampler(cfg)
         self.monitor = DiagnosticsMonitor(cfg.diagnostics, cfg.seed)
         self.last_trajectories: list[Trajectory] = []
         self.initial_val: dict[str, float] = {}  # val/ metrics before training (for the held-out line)
@@ -132,7 +149,10 @@ class StarPOTrainer:
         seeds = self.levels.next_seeds(trainer.groups, self.iteration)
         trajectories = self.learner.collect(seeds, self.sampling())
         spread = group_returns(trajectories, trainer.groups, trainer.group_size).std(dim=1, unbiased=False)
-        self.levels.update(seeds, spread.tolist(), self.iteration)
+        solved = [0.0] * trainer.groups
+        for trajectory in trajectories:
+            solved[trajectory.group_id] += trajectory.success / trainer.group_size
+        self.levels.update(seeds, spread.tolist(), self.iteration, successes=solved)
         return trajectories
 
     def filter_hook(self, trajectories: list[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
