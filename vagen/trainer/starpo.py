@@ -144,7 +144,7 @@ class StarPOTrainer:
 
     def rollout(self) -> list[Trajectory]:
         """P groups × N rollouts of the P levels the level sampler picks (`trainer.level_sampler`), then the sampler
-        learns each level's reward spread (population std of its group's returns)."""
+        learns each level's reward spread (population std of its group's returns) and success rate."""
         trainer = self.cfg.trainer
         seeds = self.levels.next_seeds(trainer.groups, self.iteration)
         trajectories = self.learner.collect(seeds, self.sampling())
