@@ -10,7 +10,6 @@ from test_trainer import TEXT, config
 
 from envs_text.bandit import BanditTextEnv
 from vagen.env.base import LanguageEnv
-from vagen.env.registry import register_env
 from vagen.trainer.levels import (
     FrontierSampler,
     FrontierSettings,
@@ -206,15 +205,16 @@ class NoSolverBandit(BanditTextEnv):
     solver_actions = LanguageEnv.solver_actions
 
 
-def test_frontier_config_checks(tmp_path):
-    from vagen.trainer.config import validate_config
+def test_frontier_config_checks(tmp_path, monkeypatch):
+    from vagen.trainer import config as checks
 
     assert BanditTextEnv(observation="text").supports_solver and not NoSolverBandit(observation="text").supports_solver
-    register_env("vagen/NoSolverBandit-v0", "test_levels:NoSolverBandit")
+    monkeypatch.setattr(checks, "make_env", lambda env_id, **kwargs: NoSolverBandit(**kwargs))  # not registered
     with pytest.raises(ValueError, match="has no solver"):
-        validate_config(config([*TEXT, "trainer.level_sampler=frontier", "env.id=vagen/NoSolverBandit-v0"], tmp_path))
+        checks.validate_config(config([*TEXT, "trainer.level_sampler=frontier"], tmp_path))
+    monkeypatch.undo()
     with pytest.raises(ValueError, match="level_pool=8"):
-        validate_config(config([*TEXT, "trainer.level_sampler=frontier", "trainer.level_pool=8"], tmp_path))
+        checks.validate_config(config([*TEXT, "trainer.level_sampler=frontier", "trainer.level_pool=8"], tmp_path))
 
 
 def test_trainer_with_the_frontier_sampler_checkpoints_its_counts(tmp_path):
