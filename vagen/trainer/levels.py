@@ -75,7 +75,12 @@ class LevelSampler:
     """
 
     def __init__(self, kind: str, run_seed: int, first_seed: int, level_pool: int, settings: PLRSettings) -> None:
-        if kind not in LEVEL_SAMPLERS or kind == "frontier":  # the frontier is FrontierSampler
+        if kind == "frontier":
+            raise ValueError(
+                f"trainer.level_sampler={kind!r} is FrontierSampler, not a LevelSampler kind; build either with "
+                "vagen.trainer.starpo.level_sampler(cfg)."
+            )
+        if kind not in LEVEL_SAMPLERS:
             raise ValueError(f"Unknown trainer.level_sampler={kind!r}; valid: {list(LEVEL_SAMPLERS)}.")
         if kind == "plr" and level_pool:
             raise ValueError(
