@@ -79,7 +79,9 @@ def tiny_text_warm_source(path: str | None, size: str | None) -> str:
     if size == "default":
         return str(build_warm_tiny_text())
     quick = {**QUICK_WARM_START, "vision_steps": 0}  # the test size: a text model has no vision tower
-    return str(build_warm_tiny_text(recipe=replace(TINY_TEXT_RECIPE, size=size, **quick), reading=QUICK_BOARD_READING))
+    recipe = replace(TINY_TEXT_RECIPE, size=size, **quick)
+    continuation = replace(recipe, steps=20, lr=recipe.lr / 6)
+    return str(build_warm_tiny_text(recipe=recipe, reading=QUICK_BOARD_READING, continuation=continuation))
 
 
 @MODEL_SOURCES.register("tiny_text_random")
