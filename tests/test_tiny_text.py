@@ -13,6 +13,7 @@ from vagen.bootstrap import tiny_text
 from vagen.bootstrap.tiny import build_tiny_vl, load_tiny_text_lm
 from vagen.bootstrap.tiny_text import (
     TEXT_GAMES,
+    TINY_TEXT_CONTINUATION,
     TINY_TEXT_RECIPE,
     BoardReading,
     board_of,
@@ -78,27 +79,33 @@ def test_every_text_env_trains_tiny_text_by_default_and_model_still_overrides(en
 
 
 def test_the_recipe_stamp_forces_a_rebuild(tmp_path, monkeypatch):
-    """A build is reused while the recipe and the board reading are the same and rebuilt when either changes; the
-    shipped folder only while its stamp is the recipe's."""
+    """A build is reused while the recipe, the board reading and the continuation are the same and rebuilt when any
+    changes; the shipped folder only while its stamp is the recipe's."""
     built = []
 
     def fake_warm_start(model, tokenizer, recipe, folder, *args, **kwargs):
         built.append(recipe)
-        return {}
+        return {"env": "sokoban_text", "other_games": {"frozenlake_text": {"eval_before": {}}}, "eval_before": {}}
 
     monkeypatch.setattr(tiny_text, "warm_start", fake_warm_start)
     recipe, reading = replace(TINY_TEXT_RECIPE, size="test"), BoardReading(steps=2, batch_size=2, boards=2)
-    folder = build_warm_tiny_text(tmp_path, recipe, reading)
-    assert folder.parent == tmp_path and len(built) == 1
-    assert build_warm_tiny_text(tmp_path, recipe, reading) == folder and len(built) == 1  # same recipe: reused
+    more = replace(TINY_TEXT_CONTINUATION, size="test")
+    folder = build_warm_tiny_text(tmp_path, recipe, reading, more)
+    assert folder.parent == tmp_path and built == [recipe, more]  # SFT, then the continuation
+    assert build_warm_tiny_text(tmp_path, recipe, reading, more) == folder and len(built) == 2  # the same: reused
     changed = replace(recipe, steps=recipe.steps + 1)
-    assert build_warm_tiny_text(tmp_path, changed, reading) == folder and built[-1] == changed  # rebuilt
+    assert build_warm_tiny_text(tmp_path, changed, reading, more) == folder and built[-2:] == [changed, more]
     assert read_stamp(folder)["recipe"]["steps"] == changed.steps
     more_reading = replace(reading, steps=3)
-    assert build_warm_tiny_text(tmp_path, changed, more_reading) == folder and len(built) == 3  # rebuilt
+    assert build_warm_tiny_text(tmp_path, changed, more_reading, more) == folder and len(built) == 6  # rebuilt
     assert read_report(folder)["board_reading"]["steps"] == 3 and len(read_report(folder)["board_reading"]["loss"])
+    longer = replace(more, steps=more.steps + 1)
+    assert build_warm_tiny_text(tmp_path, changed, more_reading, longer) == folder and built[-1] == longer  # rebuilt
+    assert "first_pass" in read_report(folder) and read_stamp(folder)["continuation"]["steps"] == longer.steps
+    assert build_warm_tiny_text(tmp_path, changed, more_reading, None) == folder and built[-1] == changed  # one pass
+    assert "first_pass" not in read_report(folder) and read_stamp(folder)["continuation"] is None
     base = build_tiny_text(tmp_path, size="test")
-    assert read_stamp(folder) == tiny_text_stamp(changed, more_reading, base)
+    assert read_stamp(folder) == tiny_text_stamp(changed, more_reading, base, None)
 
 
 @pytest.mark.slow(seconds=40)
