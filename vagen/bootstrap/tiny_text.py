@@ -242,7 +242,7 @@ def pretrain_boards(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, 
 # The shipped recipe: tiny_vl's `WarmStartRecipe` where text differs: no vision tower (board reading instead,
 # `TINY_TEXT_READING`), float32 (the 2-core AVX2 CPU it was built on emulates bf16), and 800 SFT steps of 16 dialogues,
 # 32 report episodes per pass; then `TINY_TEXT_CONTINUATION`, 1,200 more steps on the same demonstrations at a sixth of
-# the learning rate (recipe 4: sokoban_text 34.8% -> 64.1% on 256 held-out episodes, docs/warm_starts.md).
+# the learning rate (recipe 4: sokoban_text 34.8% -> 66.0% on 256 held-out episodes, docs/warm_starts.md).
 TINY_TEXT_RECIPE = WarmStartRecipe(steps=800, warmup_steps=5, bf16=False, vision_steps=0, eval_episodes=32)
 TINY_TEXT_CONTINUATION = replace(TINY_TEXT_RECIPE, steps=1200, lr=5e-4, warmup_steps=10)
 TINY_TEXT_READING = BoardReading()
@@ -250,7 +250,7 @@ SFT_MICRO_BATCH = 8  # dialogues per forward/backward: length-sorted halves pad 
 
 
 def tiny_text_stamp(
-    recipe: WarmStartRecipe, reading: BoardReading, base: Path, continuation: WarmStartRecipe | None = None
+    recipe: WarmStartRecipe, reading: BoardReading, base: Path, continuation: WarmStartRecipe | None
 ) -> dict[str, Any]:
     """What decides the warm-started model: the recipe, the board reading, the continuation (None: none), this
     module's version, the games' configs and the base."""
@@ -307,8 +307,8 @@ def build_warm_tiny_text(
     continuation: WarmStartRecipe | None = TINY_TEXT_CONTINUATION,
 ) -> Path:
     """Return the folder of the warm-started tiny text model (sokoban_text and frozenlake_text): the shipped build
-    while its stamp is this recipe's, else built once into the cache (board reading, then two SFT passes: about an
-    hour on a 2-core CPU, with progress bars). `continuation=None` builds without the second pass."""
+    while its stamp is this recipe's, else built once into the cache (board reading, then two SFT passes: 60–100
+    minutes on a 2-core CPU, with progress bars). `continuation=None` builds without the second pass."""
     recipe, reading = recipe or TINY_TEXT_RECIPE, reading or TINY_TEXT_READING
     root = Path(cache_dir or cache_root())
     base = build_tiny_text(root, size=recipe.size, seed=recipe.base_seed)
