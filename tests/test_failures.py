@@ -30,7 +30,7 @@ def load_cell(cell: Path) -> tuple[dict, list[dict]]:
 def test_solver_play_replays_as_solved_optimal_and_demo_reasoned_random_play_fails(tmp_path):
     out = evaluate_cells(tmp_path, "[solver,random]", episodes=6)
     solver_replays = replay_cell(*load_cell(out / "solver" / "sokoban_text"))
-    assert all(turn.optimal for replay in solver_replays for turn in replay.turns)
+    assert all(turn.optimal and turn.moved for replay in solver_replays for turn in replay.turns)
     solver = failure_report(solver_replays)
     assert solver["outcomes"]["solved"] == "6/6 (100%)"
     # the solver policy reasons with describe_state(), not the demonstrations' words
@@ -42,6 +42,8 @@ def test_solver_play_replays_as_solved_optimal_and_demo_reasoned_random_play_fai
     for replay in replays:  # each turn starts where the previous one ended; the first from the level's own distance
         assert replay.initial_distance == replay.turns[0].distance_before
         assert all(a.distance_after == b.distance_before for a, b in zip(replay.turns, replay.turns[1:], strict=False))
+    for replay, record in zip(replays, records, strict=True):  # a turn of moves into walls changed nothing
+        assert [turn.moved for turn in replay.turns] == [info["action_is_effective"] for info in record["infos"]]
     failed = [replay for replay in replays if not replay.success]
     assert failed and all(replay.outcome in ("dead end", "out of turns") for replay in failed)
 
@@ -65,7 +67,11 @@ def test_a_replay_that_disagrees_with_its_record_names_the_settings(tmp_path):
 
 
 def test_report_counts_outcomes_distances_and_turns():
-    optimal, wasted, dead = TurnReplay(3, 0, 3, True), TurnReplay(5, 5, 2, True), TurnReplay(5, None, 1, False)
+    optimal, wasted, dead = (
+        TurnReplay(3, 0, 3, True),
+        TurnReplay(5, 5, 2, True, moved=False),
+        TurnReplay(5, None, 1, False),
+    )
     replays = [
         EpisodeReplay(0, True, 3, [optimal]),
         EpisodeReplay(1, False, 5, [wasted, TurnReplay(5, 4, 1, True)]),  # goal still 4 moves away
@@ -78,6 +84,7 @@ def test_report_counts_outcomes_distances_and_turns():
     assert report["optimal_turns_by_turn"] == {0: "1/3 (33%)", 1: "1/2 (50%)"}
     assert report["dead_ends_entered_by_turn"] == {0: "1/3 (33%)", 1: "0/2 (0%)"}
     assert report["reasoning_matches_demo"] == {"solvable states": "3/4 (75%)", "dead ends": "0/1 (0%)"}
+    assert report["turns_that_changed_nothing"] == {"solved episodes": "0/1 (0%)", "failed episodes": "1/4 (25%)"}
     assert "reading_facts_right" not in report  # no game here splits its reading into facts
 
 
@@ -96,6 +103,7 @@ def test_evaluate_mode_failures_prints_and_writes_each_cells_report(tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, cwd=SCRIPTS.parent, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "solver on sokoban_text: 2 episodes" in done.stdout and "outcome: solved 2/2 (100%)" in done.stdout
+    assert "turns that changed nothing: in solved episodes 0/" in done.stdout
     assert "solver on bandit_text: cannot be analysed" in done.stdout
     reports = json.loads((tmp_path / "failures.json").read_text())
     assert reports["solver on sokoban_text"] == json.loads(

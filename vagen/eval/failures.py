@@ -33,6 +33,8 @@ class TurnReplay:
     reasoning_matches: bool  # the response's <think> text is the demonstration's for the state it saw
     facts_right: float | None = None  # the share of the demonstration reading's facts it states rightly (games with
     # `reading_facts`, as reasoning_credit=facts pays; None elsewhere)
+    moved: bool = True  # some executed action changed the state (the game's `action_is_effective`); a turn of moves
+    # into walls changes nothing, and the feedback's "Executed: ..." does not say so
 
     @property
     def optimal(self) -> bool:
@@ -92,7 +94,8 @@ def replay_episode(env: Any, record: dict[str, Any]) -> EpisodeReplay:
         _, _, _, _, info = env.step(response)
         success = bool(info.get("success", False))
         after = _distance(game, success)
-        turns.append(TurnReplay(before, after, len(info.get("actions", [])), reasoning_matches, facts_right))
+        moved = bool(info.get("action_is_effective", True))
+        turns.append(TurnReplay(before, after, len(info.get("actions", [])), reasoning_matches, facts_right, moved))
         before = after
     if success != bool(record["success"]):
         raise ValueError(
@@ -107,8 +110,9 @@ def _share(hits: int, total: int) -> str:
 
 
 def failure_report(replays: Sequence[EpisodeReplay]) -> dict[str, Any]:
-    """Counts over replayed episodes: outcomes, success by the level's initial solver distance, and per turn index
-    the optimal turns, the dead ends entered and the reasoning that matches the demonstration's."""
+    """Counts over replayed episodes: outcomes, success by the level's initial solver distance, per turn index
+    the optimal turns and the dead ends entered, the reasoning that matches the demonstration's, and the turns that
+    changed nothing in solved and in failed episodes."""
     outcomes = Counter(replay.outcome for replay in replays)
     levels = Counter(replay.initial_distance for replay in replays)
     solved = Counter(replay.initial_distance for replay in replays if replay.success)
@@ -141,6 +145,13 @@ def failure_report(replays: Sequence[EpisodeReplay]) -> dict[str, Any]:
                 ("dead ends", [turn for turn in all_turns if turn.distance_before is None]),
             )
         },
+    }
+    report["turns_that_changed_nothing"] = {
+        where: _share(sum(not turn.moved for turn in turns), len(turns))
+        for where, turns in (
+            ("solved episodes", [turn for replay in replays if replay.success for turn in replay.turns]),
+            ("failed episodes", [turn for replay in replays if not replay.success for turn in replay.turns]),
+        )
     }
     if facts:
         report["reading_facts_right"] = f"{sum(facts) / len(facts):.1%} of the facts in {len(facts)} solvable states"
@@ -185,6 +196,8 @@ def report_lines(name: str, report: dict[str, Any]) -> list[str]:
         "  reasoning equal to the demonstration's for the state seen: "
         + ", ".join(f"in {where} {share}" for where, share in matches.items())
     )
+    still = report["turns_that_changed_nothing"]
+    lines.append("  turns that changed nothing: " + ", ".join(f"in {where} {share}" for where, share in still.items()))
     if "reading_facts_right" in report:
         lines.append(f"  reading's facts stated rightly: {report['reading_facts_right']}")
     return lines
