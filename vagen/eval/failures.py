@@ -33,8 +33,8 @@ class TurnReplay:
     reasoning_matches: bool  # the response's <think> text is the demonstration's for the state it saw
     facts_right: float | None = None  # the share of the demonstration reading's facts it states rightly (games with
     # `reading_facts`, as reasoning_credit=facts pays; None elsewhere)
-    moved: bool = True  # some executed action changed the state (the game's `action_is_effective`); a turn of moves
-    # into walls changes nothing, and the feedback's "Executed: ..." does not say so
+    moved: bool = True  # some executed action changed the state (the game's `action_is_effective`): False for a
+    # turn of moves into walls, or one whose answer did not parse
 
     @property
     def optimal(self) -> bool:
