@@ -145,13 +145,13 @@ def failure_report(replays: Sequence[EpisodeReplay]) -> dict[str, Any]:
                 ("dead ends", [turn for turn in all_turns if turn.distance_before is None]),
             )
         },
-    }
-    report["turns_that_changed_nothing"] = {
-        where: _share(sum(not turn.moved for turn in turns), len(turns))
-        for where, turns in (
-            ("solved episodes", [turn for replay in replays if replay.success for turn in replay.turns]),
-            ("failed episodes", [turn for replay in replays if not replay.success for turn in replay.turns]),
-        )
+        "turns_that_changed_nothing": {
+            where: _share(sum(not turn.moved for turn in turns), len(turns))
+            for where, turns in (
+                ("solved episodes", [turn for replay in replays if replay.success for turn in replay.turns]),
+                ("failed episodes", [turn for replay in replays if not replay.success for turn in replay.turns]),
+            )
+        },
     }
     if facts:
         report["reading_facts_right"] = f"{sum(facts) / len(facts):.1%} of the facts in {len(facts)} solvable states"
@@ -191,13 +191,11 @@ def report_lines(name: str, report: dict[str, Any]) -> list[str]:
         ("dead_ends_entered_by_turn", "turns that entered a dead end"),
     ):
         lines.append(f"  {title}, by turn: " + ", ".join(f"{turn}: {share}" for turn, share in report[key].items()))
-    matches = report["reasoning_matches_demo"]
-    lines.append(
-        "  reasoning equal to the demonstration's for the state seen: "
-        + ", ".join(f"in {where} {share}" for where, share in matches.items())
-    )
-    still = report["turns_that_changed_nothing"]
-    lines.append("  turns that changed nothing: " + ", ".join(f"in {where} {share}" for where, share in still.items()))
+    for key, title in (
+        ("reasoning_matches_demo", "reasoning equal to the demonstration's for the state seen"),
+        ("turns_that_changed_nothing", "turns that changed nothing"),
+    ):
+        lines.append(f"  {title}: " + ", ".join(f"in {where} {share}" for where, share in report[key].items()))
     if "reading_facts_right" in report:
         lines.append(f"  reading's facts stated rightly: {report['reading_facts_right']}")
     return lines
