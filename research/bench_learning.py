@@ -81,6 +81,8 @@ ARMS = {
     # the algorithm presets at the defaults' learning rate, for arms at equal episodes beside gigpo_meannorm
     "grpo_lr1e-4": ["algorithm=grpo", "trainer.lr=1e-4"],
     "starpo_s_lr1e-4": ["algorithm=starpo_s", "trainer.lr=1e-4"],
+    # the defaults at the last learning rate of tiny_text's SFT (recipe 4's cosine ends at 2.5e-5)
+    "gigpo_meannorm_lr2.5e-5": ["algorithm=gigpo", "trainer.lr=2.5e-5", "algorithm.normalize_std=false"],
     "gigpo_meannorm_lr3e-4": ["algorithm=gigpo", "trainer.lr=3e-4", "algorithm.normalize_std=false"],
     "gigpo_meannorm_lr1e-3": ["algorithm=gigpo", "trainer.lr=1e-3", "algorithm.normalize_std=false"],
     # a VAGEN-style reasoning reward: 0.5 × the share of an episode's turns whose <think> is the demonstration's
