@@ -20,6 +20,17 @@ def test_env_passes_checker(env_id, mode):
     check_env(env_id, seed=3, cross_process=False, observation=mode)
 
 
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_every_game_takes_mark_no_effect(env_id):
+    """The base class's feedback option reaches every game, and on the same episode it only adds marks."""
+    plain, marked = make_env(env_id), make_env(env_id, mark_no_effect=True)
+    plain.reset(seed=5), marked.reset(seed=5)
+    response = plain.action_space.sample()
+    plain_obs, *_ = plain.step(response)
+    marked_obs, *_ = marked.step(response)
+    assert marked_obs.text.replace(" (no effect)", "") == plain_obs.text
+
+
 def test_episodes_are_identical_across_processes():
     cases = [(env_id, {"observation": mode}, 11) for env_id in ENV_IDS for mode in ("text", "image")]
     check_determinism(cases)

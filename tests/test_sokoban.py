@@ -156,6 +156,20 @@ def test_push_into_wall_or_box_does_nothing_but_costs_the_step():
     assert np.array_equal(env.grid(), before)
 
 
+def test_mark_no_effect_names_the_moves_that_changed_nothing():
+    """Off (the default), the feedback lists the executed moves as before; on, each move into a wall says so."""
+    level = "######\n#PX_O#\n#____#\n######"
+    plain, marked = start(level), start(level, mark_no_effect=True)
+    plain_obs, *_ = plain.step(answer("Up", "Right"))
+    marked_obs, reward, _, _, info = marked.step(answer("Up", "Right"))  # Up walks into the wall, Right pushes
+    assert "Executed: Up, Right. Reward: -0.2." in plain_obs.text
+    assert "Executed: Up (no effect), Right. Reward: -0.2." in marked_obs.text
+    assert reward == pytest.approx(-0.2) and info["action_is_effective"]  # the mark changes text only
+    assert marked_obs.text.replace(" (no effect)", "") == plain_obs.text
+    with pytest.raises(ValueError, match="mark_no_effect must be true or false"):
+        make_env(mark_no_effect="yes")
+
+
 def test_box_onto_and_off_target_rewards():
     env = start("#######\n#PX_O_#\n#_X__O#\n#_____#\n#######")
     _, reward, _, _, info = env.step(answer("Right"))  # box to (1, 3): floor

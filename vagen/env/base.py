@@ -62,6 +62,7 @@ class _TurnOutcome:
     terminated: bool = False
     budget_out: bool = False
     executed: list[str] = field(default_factory=list)
+    moved: list[bool] = field(default_factory=list)  # per executed action: whether it changed the state
     invalid: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -198,6 +199,7 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
         worldmodel_coef: float = 0.0,
         reasoning_coef: float = 0.0,
         reasoning_credit: str = "exact",
+        mark_no_effect: bool = False,
     ) -> None:
         if observation not in OBSERVATION_MODES:
             raise ValueError(f"Unknown observation mode {observation!r}; choose one of {OBSERVATION_MODES}.")
@@ -215,6 +217,9 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
         check_reasoning_rewards(
             self, response_format, grounding_coef, worldmodel_coef, reasoning_coef, reasoning_credit
         )
+        if not isinstance(mark_no_effect, bool):
+            raise ValueError(f"mark_no_effect must be true or false, got {mark_no_effect!r}.")
+        self.mark_no_effect = mark_no_effect
         self.grounding_coef, self.worldmodel_coef = float(grounding_coef), float(worldmodel_coef)
         self.reasoning_coef, self.reasoning_credit = float(reasoning_coef), reasoning_credit
         self.observation_mode = observation
@@ -401,10 +406,18 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
             "prediction_score": prediction_score,
             "reasoning_match": reasoning_match,
         }
-        feedback = f"Executed: {', '.join(turn.executed) or 'nothing'}. Reward: {reward:g}."
+        feedback = f"Executed: {self._executed_text(turn)}. Reward: {reward:g}."
         if error:
             feedback += f" Problem: {echo_safe(error)}."
         return self._observation(feedback + "\n"), float(reward), turn.terminated, truncated, info
+
+    def _executed_text(self, turn: _TurnOutcome) -> str:
+        """The turn's executed actions for the feedback; with `mark_no_effect`, each one that changed nothing (a move
+        into a wall) says so: "Down (no effect), Left"."""
+        if not turn.executed:
+            return "nothing"
+        marks = [" (no effect)" if self.mark_no_effect and not moved else "" for moved in turn.moved]
+        return ", ".join(action + mark for action, mark in zip(turn.executed, marks, strict=True))
 
     def _grade(self, description: str | None, *formats: str) -> float | None:
         """The grade of a description against the current state, or None when the response format
@@ -422,6 +435,7 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
                 turn.invalid, turn.error = actions[index:], result.error
                 break
             turn.executed.append(action)
+            turn.moved.append(result.effective)
             turn.reward += result.reward
             turn.effective |= result.effective
             self._success |= result.success

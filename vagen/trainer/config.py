@@ -196,6 +196,7 @@ OPTIONS: dict[str, Option] = {
                                           "equal to the demonstration's, or the share of its facts right"),
     "env.kwargs.step_penalty": Option(float, PENALTY, "reward per executed action"),
     "env.kwargs.step_penalty_on_solve": Option(bool, "", "step penalties charged at the solve, none on a fail"),
+    "env.kwargs.mark_no_effect": Option(bool, "", "the feedback marks each executed action that changed nothing"),
     "env.kwargs.distance_shaping": Option(float, BONUS, "potential-based reward per action (0 = off)"),
     "env.kwargs.placement_reward": Option(float, BONUS, "reward per correct digit"),
     "env.kwargs.low_risk_reward": Option(float, REWARD, "bandit: the safe arm's payoff"),
