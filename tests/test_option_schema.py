@@ -212,3 +212,15 @@ def test_the_options_page_is_generated_from_the_schema():
         'docs/options.md is stale; regenerate it: .venv/bin/python -c "from vagen.trainer.config import '
         "options_reference; open('docs/options.md', 'w').write(options_reference())\""
     )
+
+
+def test_an_option_the_env_yaml_does_not_set_is_refused_with_the_plus_that_adds_it():
+    """`env.kwargs.mark_no_effect` is an option (docs/options.md) that no env yaml sets: Hydra cannot override it, and
+    the error says to add it with `+` rather than calling it unknown; with the `+` it composes."""
+    from vagen.trainer.config import check_overrides
+
+    with pytest.raises(ValueError, match=r"write \+env\.kwargs\.mark_no_effect=\.\.\."):
+        check_overrides(str(CONFIG_DIR), "train", ["env=sokoban_text", "env.kwargs.mark_no_effect=true"])
+    check_overrides(str(CONFIG_DIR), "train", ["env=sokoban_text", "+env.kwargs.mark_no_effect=true"])
+    with pytest.raises(ValueError, match=r"Unknown option 'env\.kwargs\.mark_no_efect'.*Did you mean"):
+        check_overrides(str(CONFIG_DIR), "train", ["env=sokoban_text", "env.kwargs.mark_no_efect=true"])

@@ -637,6 +637,11 @@ def check_overrides(config_dir: str, config_name: str, overrides: list[str]) -> 
             if match is None:  # e.g. model=<no such config>: Hydra's message already lists the valid ones
                 raise ValueError(str(error).split("\nConfig search path")[0]) from None
             key = match.group(1)
+            if key in OPTIONS:  # a documented option that the composed yamls (this env's, say) do not set
+                raise ValueError(
+                    f"{key} is an option that the chosen configs do not set, so it is added, not overridden: "
+                    f"write +{key}=... (docs/options.md)."
+                ) from None
             known = list(_leaves(OmegaConf.to_container(compose(config_name), resolve=False)))
             raise ValueError(
                 f"Unknown option {key!r}.{closest_option(key, known)} Every option is documented in configs/ "
