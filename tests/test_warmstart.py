@@ -328,6 +328,7 @@ def test_sft_script_end_to_end_writes_a_model_folder_report_and_config(env, mode
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    from vagen.eval.models import load_local_policy, resolve_model
     from vagen.models.registry import load_policy
 
     root = Path(__file__).resolve().parent.parent
@@ -364,6 +365,13 @@ def test_sft_script_end_to_end_writes_a_model_folder_report_and_config(env, mode
         assert cfg.model.path == str(tmp_path / "out")
         policy = load_policy(cfg.model.name, cfg.model.source, cfg.model.modality, path=cfg.model.path)
         assert sum(p.numel() for p in policy.model.parameters()) > 0
+        # scripts/evaluate.py model=[<the folder>] loads the same model as the written config
+        spec = resolve_model(str(tmp_path / "out"), OmegaConf.create({"name": "hf"}), root / "configs", {})
+        assert {k: spec.model_config[k] for k in ("source", "path", "modality")} == {
+            k: cfg.model[k] for k in ("source", "path", "modality")
+        }
+        evaluated = load_local_policy(spec, "cpu").model.state_dict()
+        assert all(torch.equal(value, evaluated[key]) for key, value in policy.model.state_dict().items())
         saved = {path.name for path in (tmp_path / "out").iterdir()}
         assert ("adapter.safetensors" in saved) == lora and ("model.safetensors" in saved) == (not lora)
         if lora:  # SFT moved the adapted projections only; the folded model is base + adapter

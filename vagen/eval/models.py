@@ -6,7 +6,8 @@ An entry of `model=` is, tried in this order:
 2. with `engine=api`: the served model's name (`engine.model=` adds one more);
 3. an existing folder: a training run folder (its latest complete checkpoint) or one checkpoint folder
    (`run_dir/checkpoints/iter_XXXXXX`); the model is built from the run's `config.yaml` and the
-   checkpoint's `modules/policy.safetensors` is loaded into it;
+   checkpoint's `modules/policy.safetensors` is loaded into it; or a `scripts/sft.py` output folder (the model
+   it saved, as the model config the script writes would load it);
 4. a model config name in configs/model/ (tiny_vl, smollm2_135m, ...).
 """
 
@@ -52,9 +53,28 @@ def safe_label(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.@+-]", "_", text).strip("._") or "model"
 
 
+def _sft_folder_spec(entry: str, folder: Path, config_overrides: dict[str, Any]) -> ModelSpec:
+    """The model that `scripts/sft.py` saved in `folder` (its config.yaml has an `sft:` section), loaded as the model
+    config that the script writes for it would load it."""
+    sft_config = OmegaConf.load(folder / "config.yaml")
+    model_config = {
+        "name": folder.name,
+        "source": "lora_adapter" if OmegaConf.select(sft_config, "lora.enabled", default=False) else "pretrained",
+        "path": str(folder.resolve()),
+        "size": None,
+        "modality": sft_config.model.modality,
+        "dtype": sft_config.model.dtype,
+        **config_overrides,
+    }
+    modality = model_config["modality"]
+    return ModelSpec(safe_label(entry), "local", modality, model_config, identity={"model": model_config})
+
+
 def _checkpoint_spec(entry: str, folder: Path, config_overrides: dict[str, Any]) -> ModelSpec:
     from vagen.trainer.checkpoint import MARKER_FILENAME, latest_checkpoint
 
+    if (folder / "config.yaml").exists() and "sft" in OmegaConf.load(folder / "config.yaml"):
+        return _sft_folder_spec(entry, folder, config_overrides)
     if (folder / MARKER_FILENAME).exists():
         checkpoint, run_dir = folder, folder.parent.parent
     elif (folder / "config.yaml").exists():
@@ -63,8 +83,9 @@ def _checkpoint_spec(entry: str, folder: Path, config_overrides: dict[str, Any])
             raise ValueError(f"model={entry!r} is a run folder without a complete checkpoint; train it first.")
     else:
         raise ValueError(
-            f"model={entry!r} is a folder but neither a run folder (with config.yaml) nor a checkpoint folder "
-            "(with complete.json); pass outputs/runs/<run> or outputs/runs/<run>/checkpoints/iter_XXXXXX."
+            f"model={entry!r} is a folder but neither a run folder (with config.yaml), a checkpoint folder "
+            "(with complete.json) nor a scripts/sft.py output; pass outputs/runs/<run>, "
+            "outputs/runs/<run>/checkpoints/iter_XXXXXX or outputs/sft/<name>."
         )
     config_path = run_dir / "config.yaml"
     if not config_path.exists():
