@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from vagen.bootstrap.warmstart import WarmStartRecipe, warm_start
 from vagen.env import make_env
+from vagen.eval.models import sft_model_config
 from vagen.eval.runner import load_env_config
 from vagen.models.lora import add_lora, lora_kwargs, require_peft, save_adapter
 from vagen.models.precision import native_bf16
@@ -80,21 +81,10 @@ def adapter_saver(cfg: DictConfig):
 
 
 def model_config(cfg: DictConfig, folder: Path) -> str:
-    """A configs/model entry that loads the SFT result (source=pretrained, path=the folder; source=lora_adapter
-    for an adapter, folded into its base on first load)."""
+    """The configs/model entry that loads the SFT result (`sft_model_config`), as yaml."""
     games = " + ".join([cfg.env.name, *cfg.also_envs])
-    return "\n".join(
-        [
-            f"# Written by scripts/sft.py: {cfg.model.name} warm-started on {games} demonstrations.",
-            f"name: {cfg.sft.config_name}",
-            f"source: {'lora_adapter' if cfg.lora.enabled else 'pretrained'}",
-            f"path: {folder}",
-            "size: null",
-            f"modality: {cfg.model.modality}",
-            f"dtype: {cfg.model.dtype}",
-            "",
-        ]
-    )
+    comment = f"# Written by scripts/sft.py: {cfg.model.name} warm-started on {games} demonstrations.\n"
+    return comment + OmegaConf.to_yaml(sft_model_config(cfg, folder, cfg.sft.config_name))
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="sft", version_base=None)

@@ -53,31 +53,30 @@ def safe_label(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.@+-]", "_", text).strip("._") or "model"
 
 
-def _sft_folder_spec(entry: str, folder: Path, config_overrides: dict[str, Any]) -> ModelSpec:
-    """The model that `scripts/sft.py` saved in `folder` (its config.yaml has an `sft:` section), loaded as the model
-    config that the script writes for it would load it."""
-    sft_config = OmegaConf.load(folder / "config.yaml")
-    model_config = {
-        "name": folder.name,
+def sft_model_config(sft_config: Any, folder: Path, name: str) -> dict[str, Any]:
+    """The configs/model entry that loads what `scripts/sft.py`, run with `sft_config`, saved in `folder`:
+    source=pretrained, or source=lora_adapter for an adapter (folded into its base on first load)."""
+    return {
+        "name": name,
         "source": "lora_adapter" if OmegaConf.select(sft_config, "lora.enabled", default=False) else "pretrained",
-        "path": str(folder.resolve()),
+        "path": str(folder),
         "size": None,
         "modality": sft_config.model.modality,
         "dtype": sft_config.model.dtype,
-        **config_overrides,
     }
-    modality = model_config["modality"]
-    return ModelSpec(safe_label(entry), "local", modality, model_config, identity={"model": model_config})
 
 
 def _checkpoint_spec(entry: str, folder: Path, config_overrides: dict[str, Any]) -> ModelSpec:
     from vagen.trainer.checkpoint import MARKER_FILENAME, latest_checkpoint
 
-    if (folder / "config.yaml").exists() and "sft" in OmegaConf.load(folder / "config.yaml"):
-        return _sft_folder_spec(entry, folder, config_overrides)
+    folder_config = OmegaConf.load(folder / "config.yaml") if (folder / "config.yaml").exists() else None
+    if folder_config is not None and "sft" in folder_config:  # a scripts/sft.py output: the model it saved
+        model_config = {**sft_model_config(folder_config, folder.resolve(), folder.name), **config_overrides}
+        modality = model_config["modality"]
+        return ModelSpec(safe_label(entry), "local", modality, model_config, identity={"model": model_config})
     if (folder / MARKER_FILENAME).exists():
         checkpoint, run_dir = folder, folder.parent.parent
-    elif (folder / "config.yaml").exists():
+    elif folder_config is not None:
         run_dir, checkpoint = folder, latest_checkpoint(folder)
         if checkpoint is None:
             raise ValueError(f"model={entry!r} is a run folder without a complete checkpoint; train it first.")
