@@ -124,6 +124,16 @@ ARMS = {
         "algorithm.normalize_std=false",
         "filter=top_p",
     ],
+    # Sokoban only: per-turn credit from the solver's distance (potential-based shaping, c = 1) with no discount, so a
+    # turn answers for what its own moves did to the distance to the solution (r + V*(s') − V*(s) with V* = −distance),
+    # not for the later turns' luck, against the group's turns at the same index (grpo_turn)
+    "grpo_turn_shaped": [
+        "algorithm=grpo",
+        "algorithm.advantage=grpo_turn",
+        "algorithm.gamma_turn=0",
+        "trainer.lr=1e-4",
+        "env.kwargs.distance_shaping=1.0",
+    ],
     # Sokoban only: the move cost charged at the solve (none on a failure): all-success groups still rank solutions by
     # length, all-fail groups no longer rank attempts by how little they moved
     "gigpo_solvecost": ["algorithm=gigpo", "trainer.lr=1e-4", STD, "env.kwargs.step_penalty_on_solve=true"],
