@@ -68,7 +68,14 @@ def test_summary_on_a_worked_example():
     after = np.array([[0.7, 0.1, 0.1, 0.1], [0.4, 0.3, 0.2, 0.1]])
     assert optimal_mass(after, optimal).tolist() == pytest.approx([0.7, 0.5])
     summary = probe_summary(after, optimal)
-    assert summary == pytest.approx({"optimal_mass": 0.6, "top_optimal": 0.5, "chance": 0.375, "states": 2})
+    expected = {"optimal_mass": 0.6, "top_optimal": 0.5, "rarely_optimal": 0.0, "chance": 0.375, "states": 2}
+    assert summary == pytest.approx(expected)
+    # a third state whose one optimal move gets 0.05 (< RARELY): rarely tried, and the mean mass falls with it
+    optimal3 = np.vstack([optimal, [False, False, False, True]])
+    after3 = np.vstack([after, [0.5, 0.3, 0.15, 0.05]])
+    summary3 = probe_summary(after3, optimal3)
+    assert summary3["rarely_optimal"] == pytest.approx(1 / 3)
+    assert summary3["optimal_mass"] == pytest.approx(1.25 / 3)
 
 
 @pytest.mark.slow(seconds=35)

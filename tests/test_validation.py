@@ -49,13 +49,14 @@ def test_validation_scores_the_first_move_probe_where_the_game_has_a_solver():
     trainer = StarPOTrainer(config([*VISUAL, "trainer.eval_episodes=6"]))
     first, second = trainer.validate(), trainer.validate()
     probe = {key: value for key, value in first.items() if key.startswith("val/move_")}
-    assert set(probe) == {"val/move_optimal_mass", "val/move_top_optimal", "val/move_chance", "val/move_states"}
+    names = ("optimal_mass", "top_optimal", "rarely_optimal", "chance", "states")
+    assert set(probe) == {f"val/move_{name}" for name in names}
     assert probe == {key: value for key, value in second.items() if key.startswith("val/move_")}
     env = make_env(trainer.cfg.env.id, **trainer.cfg.env.kwargs)
     optimal = [o for o in (optimal_first_actions(env, seed) for seed in eval_seeds(6)) if o is not None]
     assert probe["val/move_states"] == len(optimal) > 0
     assert probe["val/move_chance"] == pytest.approx(sum(sum(o) / len(o) for o in optimal) / len(optimal))
-    assert 0 <= probe["val/move_optimal_mass"] <= 1 and 0 <= probe["val/move_top_optimal"] <= 1
+    assert all(0 <= probe[f"val/move_{name}"] <= 1 for name in ("optimal_mass", "top_optimal", "rarely_optimal"))
     trainer.train_iteration()
     assert trainer.validate()["val/move_optimal_mass"] != probe["val/move_optimal_mass"]
     off = StarPOTrainer(config([*VISUAL, "trainer.eval_episodes=2", "trainer.eval_move_probe=false"])).validate()

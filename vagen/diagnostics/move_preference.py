@@ -16,6 +16,8 @@ import torch
 from vagen.diagnostics.scoring import Reasoning, ScoringJob, ScoringPrompt, cross_scores
 from vagen.rollout.move_probe import ProbeState
 
+RARELY = 0.1  # mass on the optimal moves below which a state counts as one where the policy rarely tries them
+
 
 def move_preferences(model: torch.nn.Module, processor: Any, states: Sequence[ProbeState]) -> np.ndarray:
     """(S, A) float64: per state, the softmax over actions of the policy's log-prob of each one-action response."""
@@ -36,12 +38,16 @@ def optimal_mass(preferences: np.ndarray, optimal: np.ndarray) -> np.ndarray:
 
 
 def probe_summary(preferences: np.ndarray, optimal: np.ndarray) -> dict[str, float]:
-    """The mean mass on optimal moves, the share of states whose preferred move is optimal, and the mass of a
-    policy that picks uniformly (chance)."""
+    """The mean mass on optimal moves, the share of states whose preferred move is optimal, the share of states whose
+    optimal moves together get less than `RARELY` (there a group of 8 samples misses every optimal move in over 43%
+    of groups, 0.9^8: RL can hardly learn what it does not try), and the mass of a policy that picks uniformly
+    (chance)."""
     uniform = np.full_like(preferences, 1.0 / preferences.shape[1])
+    masses = optimal_mass(preferences, optimal)
     return {
-        "optimal_mass": float(optimal_mass(preferences, optimal).mean()),
+        "optimal_mass": float(masses.mean()),
         "top_optimal": float(optimal[np.arange(len(optimal)), preferences.argmax(axis=1)].mean()),
+        "rarely_optimal": float((masses < RARELY).mean()),
         "chance": float(optimal_mass(uniform, optimal).mean()),
         "states": float(len(optimal)),
     }

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from vagen.diagnostics.move_preference import move_preferences, optimal_mass, probe_summary
+from vagen.diagnostics.move_preference import RARELY, move_preferences, optimal_mass, probe_summary
 from vagen.env import make_env
 from vagen.eval.models import ModelSpec, load_local_policy
 from vagen.eval.runner import incompatibility, resolve_cells
@@ -64,7 +64,8 @@ def probe_moves(cfg: DictConfig, config_dir: Path) -> tuple[dict[str, dict[str, 
             masses = dict(zip((state.seed for state in states), optimal_mass(preferences, optimal), strict=True))
             line = (
                 f"{spec.label} on {env_cfg['name']}: mass on optimal first moves {summary['optimal_mass']:.3f}, "
-                f"preferred move optimal {summary['top_optimal']:.1%} (chance {summary['chance']:.3f}; "
+                f"preferred move optimal {summary['top_optimal']:.1%}, optimal mass below {RARELY} in "
+                f"{summary['rarely_optimal']:.1%} of states (chance {summary['chance']:.3f}; "
                 f"{len(states)} states)"
             )
             if spec is specs[0]:
