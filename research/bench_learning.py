@@ -136,7 +136,7 @@ ARMS = {
     ],
     # Sokoban only: the move cost charged at the solve (none on a failure): all-success groups still rank solutions by
     # length, all-fail groups no longer rank attempts by how little they moved
-    "gigpo_solvecost": ["algorithm=gigpo", "trainer.lr=1e-4", STD, "env.kwargs.step_penalty_on_solve=true"],
+    "gigpo_solvecost": ["algorithm=gigpo", "trainer.lr=1e-4", STD, "++env.kwargs.step_penalty_on_solve=true"],
 }
 Z_95 = 1.959964
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 from omegaconf import OmegaConf
-from test_trainer import TEXT, VISUAL, config
+from test_trainer import CONFIG_DIR, TEXT, VISUAL, config
 
 from vagen.env import make_env
 from vagen.logging import read_metrics
@@ -134,6 +134,23 @@ def test_bench_learning_trains_with_the_default_configs():
             assert default[section] == benched[section], section
         differing = {key for key in default.trainer if default.trainer[key] != benched.trainer[key]}
         assert differing == bench_only, differing
+
+
+def test_every_bench_learning_arm_composes_and_passes_the_option_checks():
+    """Each arm is a command line a benchmark runs unattended for hours: it must compose, with the game it is written
+    for, and pass the checks `scripts/train.py` makes before any model loads (a typo fails here, not mid-benchmark)."""
+    from pathlib import Path
+
+    from vagen.trainer.config import check_overrides, validate_config
+
+    bench = bench_learning()
+    only = {"distance_shaping": "sokoban_text", "step_penalty": "sokoban_text", "credit=facts": "frozenlake_text"}
+    for arm, given in bench.ARMS.items():
+        games = {game for option, game in only.items() if any(option in o for o in given)}
+        for env in games or ("sokoban_text", "frozenlake_visual"):
+            overrides = [*bench.training_overrides(arm, 0, Path("/tmp/x"), 16, 256, []), f"env={env}"]
+            check_overrides(str(CONFIG_DIR), "train", overrides)
+            validate_config(config(overrides))
 
 
 @pytest.mark.slow(seconds=70)
