@@ -24,8 +24,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import vagen.models  # noqa: F401  (registers BoardQwen2 with the Auto classes)
-from vagen.bootstrap.demos import demo_response, demonstrations, sft_batch, turn_actions
-from vagen.bootstrap.tiny_text import board_example, make_text_game
+from vagen.bootstrap.demos import demonstrations, sft_batch
+from vagen.bootstrap.tiny_text import board_example, make_text_game, noisy_play
 from vagen.bootstrap.warmstart import backward_sft_batch, lr_factor
 from vagen.rollout import DialogueFormatter
 from vagen.rollout.validation import eval_seeds
@@ -39,16 +39,7 @@ def reading_boards(tokenizer, levels, rng: np.random.Generator) -> list[tuple[tu
     """((ids, prompt length), the true reading) of FrozenLake boards, each after 0-3 turns of noisy solver play."""
     env, boards = make_text_game("frozenlake_text"), []
     for level in levels:
-        observation, _ = env.reset(seed=level)
-        for _ in range(int(rng.integers(0, 4))):
-            choice = turn_actions(env, rng, noise_eps=0.25)
-            if choice is None:
-                break
-            after, _, terminated, truncated, _ = env.step(demo_response(env, choice[0]))
-            if terminated or truncated:
-                observation, _ = env.reset(seed=level)
-                break
-            observation = after
+        observation = noisy_play(env, level, 3, rng)
         boards.append((board_example(tokenizer, env, observation.text), env.unwrapped.demo_reasoning().strip()))
     return boards
 

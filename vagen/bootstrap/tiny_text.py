@@ -187,19 +187,26 @@ def board_examples(
     for name in TEXT_GAMES:
         env = make_text_game(name)
         for level in range(300_000, 300_000 + boards):
-            observation, _ = env.reset(seed=level)
-            for _ in range(int(rng.integers(0, turns + 1))):
-                choice = turn_actions(env, rng, noise_eps=0.25)
-                if choice is None:
-                    break
-                after, _, terminated, truncated, _ = env.step(demo_response(env, choice[0]))
-                if terminated or truncated:
-                    observation, _ = env.reset(seed=level)
-                    break
-                observation = after
+            observation = noisy_play(env, level, turns, rng)
             examples.append(board_example(tokenizer, env, observation.text))
         env.close()
     return examples
+
+
+def noisy_play(env, level: int, turns: int, rng: np.random.Generator):
+    """`env` reset to `level` and played 0..`turns` turns (drawn from `rng`) by the noisy solver (random moves with
+    probability 0.25); the observation reached, or the first one when the level ends on the way."""
+    observation, _ = env.reset(seed=level)
+    for _ in range(int(rng.integers(0, turns + 1))):
+        choice = turn_actions(env, rng, noise_eps=0.25)
+        if choice is None:
+            break
+        after, _, terminated, truncated, _ = env.step(demo_response(env, choice[0]))
+        if terminated or truncated:
+            observation, _ = env.reset(seed=level)
+            break
+        observation = after
+    return observation
 
 
 def board_of(observation_text: str) -> str:
