@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import vagen.models  # noqa: F401  (registers BoardQwen2 with the Auto classes)
 from vagen.bootstrap.demos import demonstrations, sft_batch
-from vagen.bootstrap.tiny_text import board_example, make_text_game, noisy_play
+from vagen.bootstrap.tiny_text import board_example, board_reading_loss, make_text_game, noisy_play
 from vagen.bootstrap.warmstart import backward_sft_batch, lr_factor
 from vagen.rollout import DialogueFormatter
 from vagen.rollout.validation import eval_seeds
@@ -57,16 +57,6 @@ def single_board_readings(model, tokenizer, boards) -> dict[str, str]:
         think = greedy_think(model, tokenizer, ids[:prompt] + tokenizer("<think>")["input_ids"])
         counts["hole" if "holes" in truth else "none", think == truth] += 1
     return {kind: f"{counts[kind, True]}/{counts[kind, True] + counts[kind, False]}" for kind in ("hole", "none")}
-
-
-def reading_loss(model, tokenizer, batch) -> torch.Tensor:
-    ids = torch.full((len(batch), max(len(e) for e, _ in batch)), tokenizer.pad_token_id)
-    mask = torch.zeros(ids.shape)
-    for row, (example, prompt) in enumerate(batch):
-        ids[row, : len(example)] = torch.tensor(example)
-        mask[row, prompt : len(example)] = 1
-    logprobs = torch.log_softmax(model(ids).logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None])[..., 0]
-    return -(logprobs * mask[:, 1:]).sum() / mask[:, 1:].sum()
 
 
 def probe(model, tokenizer, levels: int) -> None:
@@ -121,7 +111,7 @@ def main(args: dict) -> None:
             rows, order = order[:16], order[16:]
             dialogue = backward_sft_batch(model, sft_batch([demos[i] for i in rows], tokenizer.pad_token_id),
                                           tokenizer, 8, False)  # fmt: skip
-        reading = reading_loss(model, tokenizer, [boards[i] for i in rng.integers(0, len(boards), 32)])
+        reading = board_reading_loss(model, tokenizer, [boards[i] for i in rng.integers(0, len(boards), 32)])
         if coef > 0:
             (coef * reading).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

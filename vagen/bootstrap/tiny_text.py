@@ -221,6 +221,20 @@ def board_example(tokenizer: PreTrainedTokenizerFast, env, observation_text: str
     return prompt["input_ids"] + answer, len(prompt["input_ids"])
 
 
+def board_reading_loss(
+    model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, batch: list[tuple[list[int], int]]
+) -> torch.Tensor:
+    """Mean cross-entropy of the `<think>` tokens of `board_example`s (ids, prompt length), right-padded together."""
+    ids = torch.full((len(batch), max(len(e) for e, _ in batch)), tokenizer.pad_token_id)
+    mask = torch.zeros(ids.shape)
+    for row, (example, prompt) in enumerate(batch):
+        ids[row, : len(example)] = torch.tensor(example)
+        mask[row, prompt : len(example)] = 1
+    logits = model(ids).logits[:, :-1].float()
+    logprobs = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+    return -(logprobs * mask[:, 1:]).sum() / mask[:, 1:].sum()
+
+
 def pretrain_boards(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, reading: BoardReading) -> list[float]:
     """Train `model` to write each board's `<think>` text (`BoardReading`); the per-step losses."""
     examples = board_examples(tokenizer, reading.boards, reading.turns, reading.seed)
@@ -228,15 +242,9 @@ def pretrain_boards(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, 
     rng, losses = np.random.default_rng(reading.seed), []
     model.train()
     for _ in tqdm(range(reading.steps), desc="board reading (once)", unit="step"):
-        batch = [examples[i] for i in rng.integers(0, len(examples), reading.batch_size)]
-        ids = torch.full((len(batch), max(len(e) for e, _ in batch)), tokenizer.pad_token_id)
-        mask = torch.zeros(ids.shape)
-        for row, (example, prompt) in enumerate(batch):
-            ids[row, : len(example)] = torch.tensor(example)
-            mask[row, prompt : len(example)] = 1
-        logits = model(ids).logits[:, :-1].float()
-        logprobs = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
-        loss = -(logprobs * mask[:, 1:]).sum() / mask[:, 1:].sum()
+        loss = board_reading_loss(
+            model, tokenizer, [examples[i] for i in rng.integers(0, len(examples), reading.batch_size)]
+        )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
