@@ -43,6 +43,26 @@ def test_validation_is_deterministic_and_does_not_move_the_training_cursor():
     assert (first["val/success_ci_low"], first["val/success_ci_high"]) == (low, high)
 
 
+def test_validation_with_several_samples_per_level_keeps_sample_0_and_pairs_by_level_rate():
+    """trainer.eval_samples=3: each held-out level is played 3 times; sample 0 is the episode that 1 sample plays, the
+    outcomes are each level's success rate, and the interval counts levels."""
+    overrides = [*TEXT, "trainer.eval_episodes=8", "trainer.eval_move_probe=false"]
+    one = StarPOTrainer(config(overrides))
+    single = one.learner.play_held_out(range(8))
+    one.validate()
+    three = StarPOTrainer(config([*overrides, "trainer.eval_samples=3"]))
+    episodes = three.learner.play_held_out(range(8))
+    val = three.validate()
+    assert [t.seed for t in episodes] == [seed for seed in eval_seeds(8) for _ in range(3)]
+    assert [t.token_ids_and_mask() for t in episodes[::3]] == [t.token_ids_and_mask() for t in single]
+    first, second = episodes[::3], episodes[1::3]
+    assert any(a.token_ids_and_mask() != b.token_ids_and_mask() for a, b in zip(first, second, strict=True))
+    by_level = {seed: sum(t.success for t in episodes if t.seed == seed) / 3 for seed in eval_seeds(8)}
+    assert three.val_outcomes == by_level and one.val_outcomes == {t.seed: float(t.success) for t in single}
+    assert val["val/episodes"] == 24 and val["val/success"] == pytest.approx(sum(by_level.values()) / 8)
+    assert (val["val/success_ci_low"], val["val/success_ci_high"]) == wilson_interval(sum(by_level.values()), 8)
+
+
 def test_validation_scores_the_first_move_probe_where_the_game_has_a_solver():
     """sokoban_visual: `val/` also holds the teacher-forced first-move probe on the held-out starts of the validation
     seeds (deterministic, read from the live weights: it changes after an update); off with trainer.eval_move_probe."""
@@ -79,6 +99,10 @@ def test_held_out_line_pairs_the_levels_and_adds_the_probe_where_both_validation
     start, end = start | {"val/move_optimal_mass": 0.714}, end | {"val/move_optimal_mass": 0.7251}
     line = held_out_line(start, end, 64, before, after)
     assert line.endswith("paired over 4 held-out levels; mass on optimal first moves 0.714 -> 0.725")
+    # Two samples per level: the outcomes are rates, and the line says how many episodes each level played.
+    end = end | {"val/episodes": 8.0}
+    line = held_out_line(start, end, 64, before, {7: 0.5, 8: 0.0, 9: 1.0, 10: 1.0})
+    assert "+12.5 pts [-12.0, +37.0] paired over 4 held-out levels x 2 samples; mass" in line
 
 
 def test_run_validates_at_start_every_k_and_end_and_prints_the_held_out_line(tmp_path, capsys):

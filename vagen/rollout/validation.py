@@ -94,13 +94,15 @@ def validation_episodes(
     max_new_tokens: int,
     max_context_tokens: int,
     env_name: str = "",
+    samples: int = 1,
 ) -> list[Trajectory]:
     """Play evaluation episodes `episodes` (e.g. range(64), or a worker's range(32, 64)): episode k on seed
-    `EVAL_SEED_BASE + k`, as group k. Sampling uses a fixed seed and each episode's own stream, so validating the
-    same weights gives the same episodes however they are split."""
+    `EVAL_SEED_BASE + k`, as group k, `samples` times. Sampling uses a fixed seed and each episode's own stream, so
+    validating the same weights gives the same episodes however they are split, and sample 0 is the episode that
+    `samples=1` plays."""
     spec = RolloutSpec(
         group_seeds=eval_seeds(len(episodes), episodes.start),
-        group_size=1,
+        group_size=samples,
         max_context_tokens=max_context_tokens,
         env_name=env_name,
         first_group_id=episodes.start,
@@ -109,10 +111,20 @@ def validation_episodes(
     return collect_rollouts(make_env, engine, formatter, spec, sampling)
 
 
+def success_by_level(trajectories: list[Trajectory]) -> dict[int, float]:
+    """Each env seed's success rate over the episodes that played it."""
+    wins: dict[int, list[bool]] = {}
+    for t in trajectories:
+        wins.setdefault(t.seed, []).append(t.success)
+    return {seed: sum(w) / len(w) for seed, w in wins.items()}
+
+
 def validation_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
-    """`val/` metrics of played evaluation episodes, with the 95% interval of the success rate."""
+    """`val/` metrics of played evaluation episodes, with the 95% interval of the success rate. The interval counts
+    levels, not episodes: samples of one level are not independent."""
     metrics = episode_metrics(trajectories)
-    low, high = wilson_interval(sum(t.success for t in trajectories), len(trajectories))
+    by_level = success_by_level(trajectories)
+    low, high = wilson_interval(sum(by_level.values()), len(by_level))
     metrics.update(
         actions_per_turn=actions_per_turn(trajectories),
         success_ci_low=low,

@@ -97,7 +97,8 @@ OPTIONS: dict[str, Option] = {
     "trainer.max_grad_norm": Option(float, "(0, inf)", "gradient clipping norm (0 would zero every update)"),
     "trainer.freeze_vision": Option(bool, "", "keep the vision tower's weights fixed"),
     "trainer.eval_every": Option(int, "[0, inf)", "held-out validation every this many iterations (0 = off)"),
-    "trainer.eval_episodes": Option(int, "[1, inf)", "held-out episodes per validation"),
+    "trainer.eval_episodes": Option(int, "[1, inf)", "held-out levels per validation"),
+    "trainer.eval_samples": Option(int, "[1, inf)", "episodes per held-out level in each validation"),
     "trainer.eval_temperature": Option(float, TEMPERATURE, "sampling temperature of validation (0 = greedy)"),
     "trainer.eval_move_probe": Option(bool, "", "each validation also scores the first-move probe"),
     "trainer.reuse_first_forward": Option(bool, "", "the first mini-batch's old log-probs come from its forward"),
@@ -522,7 +523,7 @@ def check_batch_memory(cfg: Any, image_pixels: int = 0) -> None:
         return
     budget, where = available
     trainer, rollout = cfg.trainer, cfg.rollout
-    dialogues = max(trainer.groups * trainer.group_size, trainer.eval_episodes)
+    dialogues = max(trainer.groups * trainer.group_size, trainer.eval_episodes * trainer.eval_samples)
     turns = int(cfg.env.kwargs.get("max_turns") or 1)
     parts = {  # what takes the memory -> (bytes per dialogue, the option to lower)
         f"rollout.max_context_tokens={rollout.max_context_tokens}": (
@@ -543,8 +544,8 @@ def check_batch_memory(cfg: Any, image_pixels: int = 0) -> None:
         biggest = max(parts, key=lambda name: parts[name][0])
         raise ValueError(
             f"{biggest}: a batch of {dialogues} dialogues (trainer.groups × trainer.group_size, or "
-            f"trainer.eval_episodes) needs at least {need / GIB:,.1f} GiB for its token tensors and images, but "
-            f"{where} is {budget / GIB:.1f} GiB. Lower {parts[biggest][1]}, or the number of dialogues."
+            f"trainer.eval_episodes × trainer.eval_samples) needs at least {need / GIB:,.1f} GiB for its token tensors "
+            f"and images, but {where} is {budget / GIB:.1f} GiB. Lower {parts[biggest][1]}, or the number of dialogues."
         )
 
 

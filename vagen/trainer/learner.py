@@ -244,6 +244,7 @@ class Learner:
             max_new_tokens=self.cfg.rollout.max_new_tokens,
             max_context_tokens=self.cfg.rollout.max_context_tokens,
             env_name=env_cfg.name,
+            samples=trainer.eval_samples,
         )
 
     def _make_env(self) -> Any:

@@ -115,7 +115,8 @@ def held_out_line(
     """`held-out success 34.8% -> 42.2% after 2,496 training episodes: +7.4 pts [+3.1, +11.7] paired over 256
     held-out levels; mass on optimal first moves 0.550 -> 0.601`, from two `val/` metric dicts. The change and its
     95% interval pair each held-out level's outcome before and after (where both validations played at least 2 of
-    the same levels); the probe's part is there where both have it."""
+    the same levels; each level's outcome is its success rate over `trainer.eval_samples` episodes); the probe's
+    part is there where both have it."""
     line = (
         f"held-out success {first['val/success']:.1%} -> {last['val/success']:.1%} "
         f"after {trained_episodes:,} training episodes"
@@ -123,6 +124,8 @@ def held_out_line(
     if first_outcomes and last_outcomes and len(first_outcomes.keys() & last_outcomes.keys()) >= 2:
         mean, low, high, levels = paired_change(first_outcomes, last_outcomes)
         line += f": {mean * 100:+.1f} pts [{low * 100:+.1f}, {high * 100:+.1f}] paired over {levels} held-out levels"
+        samples = round(last["val/episodes"] / len(last_outcomes))
+        line += f" x {samples} samples" if samples > 1 else ""
     else:
         line += f" ({last['val/episodes']:.0f} held-out episodes)"
     if "val/move_optimal_mass" in first and "val/move_optimal_mass" in last:

@@ -26,7 +26,7 @@ from vagen.engines.base import derive_seed
 from vagen.env import make_env
 from vagen.filtering import apply_empty_policy, select_groups
 from vagen.rollout import Trajectory, trajectories_to_batch
-from vagen.rollout.validation import actions_per_turn, episode_metrics, validation_metrics
+from vagen.rollout.validation import actions_per_turn, episode_metrics, success_by_level, validation_metrics
 from vagen.trainer.config import validate_config
 from vagen.trainer.learner import SAMPLING_STREAM, Learner
 from vagen.trainer.levels import SEED_STRIDE, FrontierSampler, FrontierSettings, LevelSampler, PLRSettings
@@ -218,10 +218,11 @@ class StarPOTrainer:
         return metrics
 
     def validate(self) -> dict[str, float]:
-        """`val/` metrics: the current policy on `trainer.eval_episodes` fixed held-out seeds (deterministic), with
-        the first-move probe. Each seed's success stays in `val_outcomes` (the held-out line pairs them by level)."""
+        """`val/` metrics: the current policy on `trainer.eval_episodes` fixed held-out seeds (deterministic),
+        `trainer.eval_samples` times each, with the first-move probe. Each seed's success rate stays in
+        `val_outcomes` (the held-out line pairs them by level)."""
         episodes = self.learner.play_held_out(range(self.cfg.trainer.eval_episodes))
-        self.val_outcomes = {t.seed: float(t.success) for t in episodes}
+        self.val_outcomes = success_by_level(episodes)
         return validation_metrics(episodes) | self.learner.move_probe()
 
     # ---- checkpoints -----------------------------------------------------------------------
