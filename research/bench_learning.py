@@ -134,6 +134,15 @@ ARMS = {
         "trainer.lr=1e-4",
         "env.kwargs.distance_shaping=1.0",
     ],
+    # Sokoban only: the same with a discount of 0.5 per turn, so a turn also answers for the later turns' rewards,
+    # the solve's included, halved per turn: a move left out costs the turn part of the solve it delays past the budget
+    "grpo_turn_shaped_g0.5": [
+        "algorithm=grpo",
+        "algorithm.advantage=grpo_turn",
+        "algorithm.gamma_turn=0.5",
+        "trainer.lr=1e-4",
+        "env.kwargs.distance_shaping=1.0",
+    ],
     # Sokoban only: the move cost charged at the solve (none on a failure): all-success groups still rank solutions by
     # length, all-fail groups no longer rank attempts by how little they moved
     "gigpo_solvecost": ["algorithm=gigpo", "trainer.lr=1e-4", STD, "++env.kwargs.step_penalty_on_solve=true"],
