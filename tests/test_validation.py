@@ -9,7 +9,8 @@ from test_trainer import CONFIG_DIR, TEXT, VISUAL, config
 from vagen.env import make_env
 from vagen.logging import read_metrics
 from vagen.rollout.move_probe import optimal_first_actions
-from vagen.rollout.validation import EVAL_SEED_BASE, eval_seeds, wilson_interval
+from vagen.rollout.trajectory import Trajectory, Turn
+from vagen.rollout.validation import EVAL_SEED_BASE, eval_seeds, reading_metrics, wilson_interval
 from vagen.trainer.run import held_out_line, train
 from vagen.trainer.starpo import SEED_STRIDE, StarPOTrainer
 
@@ -63,6 +64,42 @@ def test_validation_with_several_samples_per_level_keeps_sample_0_and_pairs_by_l
     assert (val["val/success_ci_low"], val["val/success_ci_high"]) == wilson_interval(sum(by_level.values()), 8)
 
 
+def test_reading_metrics_replay_each_turn_against_the_demonstration_reading():
+    """frozenlake_text: two held-out episodes played by the solver with the demonstration's reading (every turn exact,
+    every fact right) and one whose single reading puts the goal on the wrong side and no hole anywhere."""
+    make = lambda: make_env("vagen/FrozenLake-v0")
+    env = make()
+    game = env.unwrapped
+    played = []
+    for seed in eval_seeds(2):
+        env.reset(seed=seed)
+        trajectory, done = Trajectory(group_id=0, seed=seed, env_name="frozenlake_text"), False
+        while not done:
+            response = f"<think>{game.demo_reasoning()}</think><answer>{game.solver_actions()[0]}</answer>"
+            trajectory.turns.append(Turn(observation="", images=[], prompt_ids=[], response_text=response))
+            _, _, terminated, truncated, _ = env.step(response)
+            done = terminated or truncated
+        played.append(trajectory)
+    assert reading_metrics(make, played) == {"val/reading_exact": 1.0, "val/reading_facts": 1.0}
+
+    # A third episode, one turn, on a start with a hole beside the player and the goal not up.
+    def beside_a_hole(seed: int) -> bool:
+        env.reset(seed=seed)
+        return bool(game._holes_next_to_player()) and game._goal_direction() != "up"
+
+    seed = next(filter(beside_a_hole, eval_seeds(64)))
+    wrong = Trajectory(group_id=0, seed=seed, env_name="frozenlake_text")
+    response = "<think>goal is up of me, no hole next to me.</think><answer>Up</answer>"
+    wrong.turns.append(Turn(observation="", images=[], prompt_ids=[], response_text=response))
+    holes = len(game._holes_next_to_player())
+    turns = sum(len(t.turns) for t in played) + 1
+    metrics = reading_metrics(make, [*played, wrong])
+    assert metrics["val/reading_exact"] == pytest.approx((turns - 1) / turns)
+    # the wrong turn: goal wrong, every side with a hole wrong, the other sides right
+    assert metrics["val/reading_facts"] == pytest.approx((turns - 1 + (4 - holes) / 5) / turns)
+    assert reading_metrics(lambda: make_env("vagen/Bandit-v0"), played) == {}  # no demonstration reading
+
+
 def test_validation_scores_the_first_move_probe_where_the_game_has_a_solver():
     """sokoban_visual: `val/` also holds the teacher-forced first-move probe on the held-out starts of the validation
     seeds (deterministic, read from the live weights: it changes after an update); off with trainer.eval_move_probe."""
@@ -72,6 +109,7 @@ def test_validation_scores_the_first_move_probe_where_the_game_has_a_solver():
     names = ("optimal_mass", "top_optimal", "rarely_optimal", "chance", "states")
     assert set(probe) == {f"val/move_{name}" for name in names}
     assert probe == {key: value for key, value in second.items() if key.startswith("val/move_")}
+    assert 0 <= first["val/reading_exact"] <= 1 and "val/reading_facts" not in first  # Sokoban: exact readings only
     env = make_env(trainer.cfg.env.id, **trainer.cfg.env.kwargs)
     optimal = [o for o in (optimal_first_actions(env, seed) for seed in eval_seeds(6)) if o is not None]
     assert probe["val/move_states"] == len(optimal) > 0

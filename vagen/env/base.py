@@ -19,7 +19,7 @@ from PIL import Image
 
 from vagen.env.grading import grade_description
 from vagen.env.observation import IMAGE_PLACEHOLDER, OBSERVATION_MODES, Observation
-from vagen.env.parsing import RESPONSE_FORMATS, format_instructions, match_actions, parse_response
+from vagen.env.parsing import RESPONSE_FORMATS, ParsedResponse, format_instructions, match_actions, parse_response
 
 INFO_KEYS = (
     "success",
@@ -274,6 +274,15 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
         gives none. Games override it with a parser of their own reasoning's words."""
         raise NotImplementedError(f"{type(self).__name__} does not split its reasoning into facts.")
 
+    def parse(self, response: str) -> ParsedResponse:
+        """`response` parsed as `step()` parses it, with this game's format settings (replays use it)."""
+        return parse_response(
+            response,
+            response_format=self.response_format,
+            action_separator=self.action_separator,
+            max_actions=self.max_actions_per_turn,
+        )
+
     def reading_credit(self, think: str) -> bool | float:
         """What `reasoning_coef` pays a turn for, judged on the state the turn starts from."""
         return self.reading_facts(think) if self.reasoning_credit == "facts" else self.reasoning_matches(think)
@@ -362,12 +371,7 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
         if self._done:
             raise RuntimeError("step() called after the episode ended; call reset() first.")
         self._turn += 1
-        parsed = parse_response(
-            response,
-            response_format=self.response_format,
-            action_separator=self.action_separator,
-            max_actions=self.max_actions_per_turn,
-        )
+        parsed = self.parse(response)
         if self.action_names is None:
             executable, invalid = ([parsed.answer] if parsed.format_ok else []), []
         else:

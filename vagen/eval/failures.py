@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from vagen.env import make_env
-from vagen.env.parsing import parse_response
 
 
 @dataclass(frozen=True)
@@ -82,13 +81,7 @@ def replay_episode(env: Any, record: dict[str, Any]) -> EpisodeReplay:
     before = initial = _distance(game, solved=False)
     turns, success = [], False
     for response in responses:
-        # parsed as the game's step() parses it, with the game's own format settings
-        think = parse_response(
-            response,
-            response_format=game.response_format,
-            action_separator=game.action_separator,
-            max_actions=game.max_actions_per_turn,
-        ).think
+        think = game.parse(response).think
         reasoning_matches = game.reasoning_matches(think)
         facts_right = game.reading_facts(think) if game.supports_reading_facts else None
         _, _, _, _, info = env.step(response)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import gymnasium
 
 from vagen.engines.base import Engine, SamplingParams
+from vagen.env.base import LanguageEnv
 from vagen.rollout.context import DialogueFormatter
 from vagen.rollout.loop import RolloutSpec, collect_rollouts
 from vagen.rollout.trajectory import Trajectory
@@ -117,6 +118,32 @@ def success_by_level(trajectories: list[Trajectory]) -> dict[int, float]:
     for t in trajectories:
         wins.setdefault(t.seed, []).append(t.success)
     return {seed: sum(w) / len(w) for seed, w in wins.items()}
+
+
+def reading_metrics(make_env: Callable[[], gymnasium.Env], trajectories: list[Trajectory]) -> dict[str, float]:
+    """`val/reading_exact`: the share of the played turns whose `<think>` is the demonstration's reading of the state
+    the turn saw (`reasoning_matches`), and `val/reading_facts`, the share of that reading's facts it states rightly
+    (games with `reading_facts`). Each episode is replayed from `reset(seed)` with its responses to recover the
+    states. RL rewards the moves, not the words: a reading that drifts away from the board while success holds shows
+    here, where the MI proxies (which ask only whether the reasoning depends on the input) may not. Nothing for a
+    game without demonstration reasoning."""
+    env = make_env()
+    game = env.unwrapped
+    if getattr(type(game), "demo_reasoning", LanguageEnv.demo_reasoning) is LanguageEnv.demo_reasoning:
+        return {}
+    exact, facts = [], []
+    for trajectory in trajectories:
+        env.reset(seed=trajectory.seed)
+        for turn in trajectory.turns:
+            think = game.parse(turn.response_text).think
+            exact.append(game.reasoning_matches(think))
+            if game.supports_reading_facts:
+                facts.append(game.reading_facts(think))
+            env.step(turn.response_text)
+    metrics = {"val/reading_exact": sum(exact) / max(len(exact), 1)}
+    if facts:
+        metrics["val/reading_facts"] = sum(facts) / len(facts)
+    return metrics
 
 
 def validation_metrics(trajectories: list[Trajectory]) -> dict[str, float]:

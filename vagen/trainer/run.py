@@ -139,6 +139,9 @@ def _validation_line(iteration: int, val: dict[str, float]) -> str:
         f"[{val['val/success_ci_low']:.1%}, {val['val/success_ci_high']:.1%}], "
         f"format-ok {val['val/format_ok']:.1%}, turns {val['val/turns']:.2f} ({val['val/episodes']:.0f} episodes)"
     )
+    if "val/reading_exact" in val:  # the reading of the board, against the demonstration's (it can drift under RL)
+        line += f", readings exact {val['val/reading_exact']:.1%}"
+        line += f" (facts {val['val/reading_facts']:.1%})" if "val/reading_facts" in val else ""
     return f"{line}, {_probe_text(val)}" if "val/move_optimal_mass" in val else line
 
 

@@ -26,7 +26,13 @@ from vagen.engines.base import derive_seed
 from vagen.env import make_env
 from vagen.filtering import apply_empty_policy, select_groups
 from vagen.rollout import Trajectory, trajectories_to_batch
-from vagen.rollout.validation import actions_per_turn, episode_metrics, success_by_level, validation_metrics
+from vagen.rollout.validation import (
+    actions_per_turn,
+    episode_metrics,
+    reading_metrics,
+    success_by_level,
+    validation_metrics,
+)
 from vagen.trainer.config import validate_config
 from vagen.trainer.learner import SAMPLING_STREAM, Learner
 from vagen.trainer.levels import SEED_STRIDE, FrontierSampler, FrontierSettings, LevelSampler, PLRSettings
@@ -223,7 +229,8 @@ class StarPOTrainer:
         `val_outcomes` (the held-out line pairs them by level)."""
         episodes = self.learner.play_held_out(range(self.cfg.trainer.eval_episodes))
         self.val_outcomes = success_by_level(episodes)
-        return validation_metrics(episodes) | self.learner.move_probe()
+        reading = reading_metrics(lambda: make_env(self.cfg.env.id, **self.cfg.env.kwargs), episodes)
+        return validation_metrics(episodes) | reading | self.learner.move_probe()
 
     # ---- checkpoints -----------------------------------------------------------------------
     def save(self, keep_last: int) -> Path:
