@@ -225,12 +225,15 @@ def summary(runs: dict[tuple[str, int], Path], stages: list[int], per_iteration:
         lines += [
             f"### {iteration * per_iteration} episodes (iteration {iteration})",
             "",
-            "| arm | seed | held-out success [95% CI] | first-move mass | training minutes |",
-            "|---|---|---|---|---|",
+            "| arm | seed | held-out success [95% CI] | first-move mass | readings exact | training minutes |",
+            "|---|---|---|---|---|---|",
         ]
         for (arm, seed), v in validated.items():
             mass = v[iteration].get("val/move_optimal_mass", float("nan"))
-            lines.append(f"| {arm} | {seed} | {cell(v[iteration])} | {mass:.3f} | {minutes[arm, seed]:.1f} |")
+            reading = v[iteration].get("val/reading_exact", float("nan"))  # absent in runs before 2026-11-28
+            lines.append(
+                f"| {arm} | {seed} | {cell(v[iteration])} | {mass:.3f} | {reading:.1%} | {minutes[arm, seed]:.1f} |"
+            )
         if iteration > 0:
             lines += [
                 "",
