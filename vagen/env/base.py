@@ -334,6 +334,12 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
         return type(self).solver_actions is not LanguageEnv.solver_actions
 
     @property
+    def supports_demo_reasoning(self) -> bool:
+        """Whether the game writes a demonstration's `<think>` reading (`demo_reasoning`): supervised warm starts and
+        validation's reading metrics need it."""
+        return type(self).demo_reasoning is not LanguageEnv.demo_reasoning
+
+    @property
     def supports_reading_facts(self) -> bool:
         """Whether a `<think>` reading can be credited per fact (`reasoning_credit=facts`): the game overrides
         `reading_facts`."""

@@ -16,7 +16,6 @@ from collections.abc import Callable
 import gymnasium
 
 from vagen.engines.base import Engine, SamplingParams
-from vagen.env.base import LanguageEnv
 from vagen.rollout.context import DialogueFormatter
 from vagen.rollout.loop import RolloutSpec, collect_rollouts
 from vagen.rollout.trajectory import Trajectory
@@ -129,7 +128,7 @@ def reading_metrics(make_env: Callable[[], gymnasium.Env], trajectories: list[Tr
     game without demonstration reasoning."""
     env = make_env()
     game = env.unwrapped
-    if getattr(type(game), "demo_reasoning", LanguageEnv.demo_reasoning) is LanguageEnv.demo_reasoning:
+    if not game.supports_demo_reasoning:
         return {}
     exact, facts = [], []
     for trajectory in trajectories:
