@@ -197,11 +197,17 @@ def episodes_per_iteration(extra: list[str]) -> int:
 
 def arm_change(before: dict, afters: list[dict]) -> tuple[float, float, float, float]:
     """Mean held-out success over seeds, and its change from the shared start with a 95% interval: the seeds'
-    pooled episodes (n·S) against the start's n (normal approximation of two proportions)."""
-    n_before = before["val/episodes"]
+    pooled levels (n·S) against the start's n (normal approximation of two proportions). It counts levels, not
+    episodes: with trainer.eval_samples=k a level's k samples are not independent (runs before `val/levels` was
+    logged played one sample per level)."""
+
+    def levels(record: dict) -> float:
+        return record.get("val/levels", record["val/episodes"])
+
+    n_before = levels(before)
     p_before = before["val/success"]
-    pooled = sum(r["val/success"] * r["val/episodes"] for r in afters) / sum(r["val/episodes"] for r in afters)
-    n_after = sum(r["val/episodes"] for r in afters)
+    pooled = sum(r["val/success"] * levels(r) for r in afters) / sum(levels(r) for r in afters)
+    n_after = sum(levels(r) for r in afters)
     half = Z_95 * math.sqrt(p_before * (1 - p_before) / n_before + pooled * (1 - pooled) / n_after)
     change = pooled - p_before
     return pooled, change, change - half, change + half

@@ -60,7 +60,8 @@ def test_validation_with_several_samples_per_level_keeps_sample_0_and_pairs_by_l
     assert any(a.token_ids_and_mask() != b.token_ids_and_mask() for a, b in zip(first, second, strict=True))
     by_level = {seed: sum(t.success for t in episodes if t.seed == seed) / 3 for seed in eval_seeds(8)}
     assert three.val_outcomes == by_level and one.val_outcomes == {t.seed: float(t.success) for t in single}
-    assert val["val/episodes"] == 24 and val["val/success"] == pytest.approx(sum(by_level.values()) / 8)
+    assert val["val/episodes"] == 24 and val["val/levels"] == 8
+    assert val["val/success"] == pytest.approx(sum(by_level.values()) / 8)
     assert (val["val/success_ci_low"], val["val/success_ci_high"]) == wilson_interval(sum(by_level.values()), 8)
 
 
@@ -213,6 +214,21 @@ def test_every_bench_learning_arm_composes_and_passes_the_option_checks():
             overrides = [*bench.training_overrides(arm, 0, Path("/tmp/x"), 16, 256, []), f"env={env}"]
             check_overrides(str(CONFIG_DIR), "train", overrides)
             validate_config(config(overrides))
+
+
+def test_bench_learning_interval_counts_levels_not_the_samples_of_one_level():
+    """Two seeds at 60% and 70% on 100 levels against a start at 50%: pooled 65%, +15 points, half-width by hand
+    1.96 * sqrt(0.5 * 0.5 / 100 + 0.65 * 0.35 / 200) = 0.1182. Four samples per level change nothing; a run logged
+    before `val/levels` counts its episodes (one sample per level)."""
+    bench = bench_learning()
+    start = {"val/success": 0.5, "val/episodes": 100.0}
+    afters = [
+        {"val/success": 0.6, "val/episodes": 400.0, "val/levels": 100.0},
+        {"val/success": 0.7, "val/episodes": 100.0},
+    ]
+    mean, change, low, high = bench.arm_change(start, afters)
+    assert (mean, change) == (pytest.approx(0.65), pytest.approx(0.15))
+    assert (low, high) == (pytest.approx(0.15 - 0.1182, abs=1e-4), pytest.approx(0.15 + 0.1182, abs=1e-4))
 
 
 @pytest.mark.slow(seconds=70)

@@ -156,5 +156,6 @@ def validation_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         success_ci_low=low,
         success_ci_high=high,
         episodes=float(len(trajectories)),
+        levels=float(len(by_level)),
     )
     return {f"val/{name}": value for name, value in metrics.items()}
