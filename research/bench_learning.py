@@ -103,6 +103,15 @@ ARMS = {
         "++env.kwargs.reasoning_coef=0.5",
         "++env.kwargs.reasoning_credit=facts",
     ],
+    # image games: the defaults with the vision tower fixed. At the shipped tiny_vl on sokoban_visual its block holds
+    # about two thirds of the update's gradient noise and no measurable signal (research/grad_noise.py), and Adam
+    # moves each of its weights by about lr per step whatever the signal, so they drift at random.
+    "gigpo_meannorm_freeze_vision": [
+        "algorithm=gigpo",
+        "trainer.lr=1e-4",
+        "algorithm.normalize_std=false",
+        "trainer.freeze_vision=true",
+    ],
     "gigpo_meannorm_plr": [
         "algorithm=gigpo",
         "trainer.lr=1e-4",
