@@ -38,8 +38,9 @@ def test_validation_is_deterministic_and_does_not_move_the_training_cursor():
         "val/success_ci_low",
         "val/success_ci_high",
         "val/episodes",
+        "val/levels",
     }
-    assert first["val/episodes"] == 12 and trainer.seed_cursor == cursor
+    assert first["val/episodes"] == first["val/levels"] == 12 and trainer.seed_cursor == cursor
     low, high = wilson_interval(round(first["val/success"] * 12), 12)
     assert (first["val/success_ci_low"], first["val/success_ci_high"]) == (low, high)
 
