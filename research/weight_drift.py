@@ -29,6 +29,7 @@ from vagen.cli import script_options
 from vagen.logging.sinks import read_metrics
 from vagen.models.registry import load_policy
 from vagen.trainer.checkpoint import latest_checkpoint
+from vagen.trainer.learner import is_vision_weight
 
 DEFAULTS = {"runs": ""}
 
@@ -63,7 +64,7 @@ def run_drift(run_dir: Path) -> dict:
     trained = load_file(checkpoint / "modules" / "policy.safetensors")
     model = cfg.model
     start = load_policy(model.name, model.source, model.modality, path=model.path, size=model.size).model.state_dict()
-    names = [n for n in trained if not (cfg.trainer.freeze_vision and ".visual." in f".{n}")]
+    names = [n for n in trained if not (cfg.trainer.freeze_vision and is_vision_weight(n))]
     start_sq = sum(float(start[n].double().pow(2).sum()) for n in names)
     distance_sq = sum(float((trained[n].double() - start[n].double()).pow(2).sum()) for n in names)
     iteration = int(checkpoint.name.removeprefix("iter_"))

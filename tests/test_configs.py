@@ -45,15 +45,12 @@ def test_algorithm_presets_state_only_what_differs_from_the_base(preset):
 def test_the_demo_trains_the_text_default_with_the_default_algorithm_and_validates_on_256_levels():
     """`python3 dev.py demo` runs `scripts/train.py` with DEMO's overrides: they compose and pass the checks that run
     before any model loads, and its budget is 2,496 episodes (the README's and the docs' numbers are for that)."""
-    import importlib.util
 
-    from test_trainer import config
+    from test_trainer import config, repo_module
 
     from vagen.trainer.config import validate_config
 
-    spec = importlib.util.spec_from_file_location("dev", Path(__file__).resolve().parent.parent / "dev.py")
-    dev = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(dev)
+    dev = repo_module("dev.py")
     (step,) = dev.DEMO
     assert step[0] == "scripts/train.py"
     cfg = config(step[1:])

@@ -1,12 +1,12 @@
 """Episode GIFs, the built-in policies, and scripts/viz.py mode=gif."""
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 from PIL import Image
+from test_trainer import repo_module
 
 from envs_text.sokoban import SokobanTextEnv
 from vagen.env import RESPONSE_FORMATS, make_env, parse_response
@@ -150,9 +150,7 @@ def test_format_response_rejects_unknown_formats():
 
 
 def test_viz_gif_mode_writes_a_solved_episode(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("viz", ROOT / "scripts" / "viz.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = repo_module("scripts/viz.py")
     out = tmp_path / "demo.gif"
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = compose("viz", overrides=["mode=gif", "env=sokoban_visual", "policy=solver", f"out={out}"])

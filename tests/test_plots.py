@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 from matplotlib.image import imread
+from test_trainer import repo_module
 
 from vagen.logging import MetricsLogger
 from vagen.viz.plots import (
@@ -227,9 +227,7 @@ def test_saved_pngs_exist_and_are_not_blank(records, tmp_path):
 
 def _viz(overrides: list[str]) -> list[str]:
     """scripts/viz.py's printed lines for `overrides` (scripts/ is not a package: loaded as a module)."""
-    spec = importlib.util.spec_from_file_location("viz", REPO / "scripts" / "viz.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = repo_module("scripts/viz.py")
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         return module.run(compose(config_name="viz", overrides=overrides))
 

@@ -1,6 +1,7 @@
 """End-to-end StarPO runs on the tiny random models: every preset, resume exactness, config errors."""
 
 import dataclasses
+import importlib.util
 import json
 import math
 import warnings
@@ -30,6 +31,16 @@ FAST = [
 ]
 TEXT = ["env=bandit_text", "model=tiny_text_test", *FAST]
 VISUAL = ["env=sokoban_visual", "model=tiny_vl_test", "env.kwargs.max_turns=2", *FAST]
+
+
+def repo_module(relative: str):
+    """A script of the repository (`research/bench_learning.py`, `scripts/viz.py`, `dev.py`, ...) loaded as a module:
+    scripts/ and research/ are not packages."""
+    path = CONFIG_DIR.parent / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def config(overrides, tmp_path=None):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 from omegaconf import OmegaConf
-from test_trainer import CONFIG_DIR, TEXT, VISUAL, config
+from test_trainer import CONFIG_DIR, TEXT, VISUAL, config, repo_module
 
 from vagen.env import make_env
 from vagen.logging import read_metrics
@@ -174,14 +174,7 @@ def test_run_validates_at_start_every_k_and_end_and_prints_the_held_out_line(tmp
 
 def bench_learning():
     """research/bench_learning.py as a module."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "research" / "bench_learning.py"
-    spec = importlib.util.spec_from_file_location("bench_learning", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return repo_module("research/bench_learning.py")
 
 
 def test_bench_learning_trains_with_the_default_configs():

@@ -415,15 +415,13 @@ def test_sft_script_refuses_lora_with_vision_pretraining_before_loading_a_model(
 def test_sft_bf16_auto_is_bf16_only_where_the_cpu_computes_it(native, monkeypatch, formatter):
     """`sft.bf16=auto` (the default) is bf16 on a CPU with native bf16 and float32 on one that emulates it (17x slower
     per SFT step, measured); an explicit true there trains as asked but warns with the fix; anything else is refused."""
-    import importlib.util
     import warnings
 
     from hydra import compose, initialize_config_dir
+    from test_trainer import repo_module
 
     root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("sft_script", root / "scripts" / "sft.py")
-    sft_script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sft_script)
+    sft_script = repo_module("scripts/sft.py")
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
     with initialize_config_dir(config_dir=str(root / "configs"), version_base=None):
         default, explicit, wrong = (compose("sft", overrides=o) for o in ([], ["sft.bf16=true"], ["sft.bf16=yes"]))

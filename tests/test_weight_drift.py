@@ -1,26 +1,20 @@
 """research/weight_drift.py: the drift ratio on hand-made paths, its pure-noise reference against Adam on a constant
 gradient, and a real run's ratio against the one computed from every checkpoint's weights."""
 
-import importlib.util
 import itertools
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_trainer import VISUAL, config
+from test_trainer import VISUAL, config, repo_module
 
 from vagen.models.registry import load_policy
 from vagen.trainer.run import train
 
 
 def weight_drift():
-    path = Path(__file__).resolve().parent.parent / "research" / "weight_drift.py"
-    spec = importlib.util.spec_from_file_location("weight_drift", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return repo_module("research/weight_drift.py")
 
 
 def test_drift_ratio_is_one_for_orthogonal_steps_and_t_for_parallel_ones():

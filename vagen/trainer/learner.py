@@ -155,7 +155,7 @@ class Learner:
         )
         self.model = self.policy.model
         self.tokenizer = self.policy.tokenizer
-        self.vision_parameters = [p for name, p in self.model.named_parameters() if ".visual." in f".{name}"]
+        self.vision_parameters = [p for name, p in self.model.named_parameters() if is_vision_weight(name)]
         if cfg.trainer.freeze_vision:
             for parameter in self.vision_parameters:
                 parameter.requires_grad_(False)
@@ -590,6 +590,11 @@ class Learner:
         # rollout, or the first resumed iteration would sample from the untrained policy.
         self.sync_engine()
         return state
+
+
+def is_vision_weight(name: str) -> bool:
+    """Whether the parameter `name` (of `named_parameters()`) is the vision tower's (`trainer.freeze_vision`)."""
+    return ".visual." in f".{name}"
 
 
 def relative_change(before: list[torch.Tensor], after: list[torch.Tensor]) -> float:
