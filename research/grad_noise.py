@@ -3,8 +3,9 @@
 Measures the gradient noise scale (McCandlish et al. 2018) of the update `scripts/train.py` would make with the same
 options, at the model's weights (`model=`, or `model.source=pretrained model.path=<folder>`): the critical batch in
 prompt groups (where the step's signal and noise are equal) and the signal fraction of a step of `trainer.groups`
-groups, for all weights and for the vision tower and the language model apart. Options: configs/grad_noise.yaml
-(`noise:`) and everything of train.yaml.
+groups, for all weights and for the vision tower and the language model apart (`noise.split_tokens=true`: also for
+the loss on the `<think>` tokens alone and on the answer tokens alone). Options: configs/grad_noise.yaml (`noise:`)
+and everything of train.yaml.
 """
 
 import json
@@ -34,6 +35,13 @@ def report_lines(result: dict) -> list[str]:
             f"{name:10s} {n['signal_sq']:>11.3g} ({n['signal_sq_se']:.2g}) {n['noise_trace']:>10.3g} "
             f"{critical:>16s} {n['signal_fraction']:>20.1%} {n['halves_cosine']:>11.3f}"
         )
+    for name, n in result.get("token_classes", {}).items():
+        critical = f"{n['critical_groups']:.3g} groups" if n["critical_groups"] != float("inf") else "no signal"
+        lines.append(
+            f"loss on the {name} tokens only ({n['tokens_per_episode']:.1f} per episode, mean -log p "
+            f"{n['neg_logprob_mean']:.3f}): |G|^2 {n['signal_sq']:.3g} ({n['signal_sq_se']:.2g}), "
+            f"tr Cov {n['noise_trace']:.3g}, critical batch {critical}"
+        )
     return lines
 
 
@@ -43,7 +51,12 @@ def measure(cfg: DictConfig) -> dict:
     trainer = StarPOTrainer(cfg)
     seeds = list(range(cfg.noise.first_seed, cfg.noise.first_seed + cfg.noise.groups))
     result = measure_gradient_noise(
-        trainer.learner, trainer.sampling(), seeds, cfg.noise.folds, progress=lambda line: print(line, flush=True)
+        trainer.learner,
+        trainer.sampling(),
+        seeds,
+        cfg.noise.folds,
+        progress=lambda line: print(line, flush=True),
+        split_tokens=cfg.noise.split_tokens,
     )
     trainer.close()
     return result

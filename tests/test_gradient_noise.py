@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from vagen.diagnostics.gradient_noise import gradient_noise
 from vagen.rollout import trajectories_to_batch
-from vagen.trainer.gradient_noise import measure_gradient_noise
+from vagen.trainer.gradient_noise import measure_gradient_noise, reasoning_mask
 from vagen.trainer.starpo import StarPOTrainer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,6 +123,60 @@ def test_measure_reports_every_block_of_a_vision_model():
         assert parts == pytest.approx(blocks["all"][key], rel=1e-6, abs=1e-30)
     with pytest.raises(ValueError, match="at least 3 groups"):
         measure_gradient_noise(trainer.learner, trainer.sampling(), [0, 1], folds=2)
+
+
+def test_reasoning_mask_marks_each_response_up_to_its_closing_think_tag():
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(ROOT / "vagen/bootstrap/shipped/warm-tiny-vl-default-seed0")
+    pieces = [
+        ("Board: #_P#", 0),
+        ("<think>box is left of me.</think><answer>Left || Up</answer>", 1),
+        ("Executed: Left.", 0),
+        ("no tags at all", 1),  # a malformed response: all of it is counted as reasoning
+        ("ok", 0),
+        ("<think>a</think><answer>Down</answer>", 1),
+    ]
+    spans, ids = [], []
+    for text, on in pieces:
+        tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
+        spans.append((len(ids), len(ids) + len(tokens), text, on))
+        ids += tokens
+    sampled = torch.tensor([[float(on) for start, end, _, on in spans for _ in range(end - start)]])
+    mask = reasoning_mask(torch.tensor([ids]), sampled, tokenizer)[0]
+    for start, end, text, on in spans:
+        marked = mask[start:end].tolist()
+        if not on:
+            assert not any(marked)
+            continue
+        reasoning = [t for t, m in zip(ids[start:end], marked, strict=True) if m]
+        rest = [t for t, m in zip(ids[start:end], marked, strict=True) if not m]
+        assert marked == sorted(marked, reverse=True)  # one run of reasoning, then the rest
+        assert tokenizer.decode(reasoning) + tokenizer.decode(rest) == text
+        if "</think>" in text:
+            assert text.startswith(tokenizer.decode(reasoning)) and "</think" not in tokenizer.decode(reasoning)
+            assert "</think" in tokenizer.decode(reasoning + rest[:1])  # cut at the token that completes it
+            assert len(reasoning) >= 3
+        else:
+            assert not rest
+
+
+def test_token_classes_split_the_noise_of_a_token_sum_loss():
+    """With a token-sum loss the reasoning and answer losses add up to the whole one, so their gradients do: the
+    classes' |G|^2 and tr Cov then obey |a + b|^2 = |a|^2 + |b|^2 + 2 a.b, checked through the fold Gram matrices'
+    sums (the reported numbers need not add up, the cross term stays)."""
+    trainer = StarPOTrainer(config(["algorithm.loss_agg=seq-mean-token-sum-norm"]))
+    result = measure_gradient_noise(trainer.learner, trainer.sampling(), list(range(6)), folds=3, split_tokens=True)
+    classes = result["token_classes"]
+    assert set(classes) == {"reasoning", "answer"}
+    tokens = classes["reasoning"]["tokens_per_episode"] + classes["answer"]["tokens_per_episode"]
+    assert tokens > 0
+    for name in ("reasoning", "answer"):
+        assert set(classes[name]) >= {"signal_sq", "noise_trace", "critical_groups", "neg_logprob_mean"}
+        assert classes[name]["noise_trace"] >= 0
+    # Noise traces of two parts of one sum: |sqrt(a) - sqrt(b)| <= sqrt(a + b + 2ab-cross) <= sqrt(a) + sqrt(b).
+    whole, a, b = (x["noise_trace"] ** 0.5 for x in (result["blocks"]["all"], classes["reasoning"], classes["answer"]))
+    assert abs(a - b) - 1e-6 <= whole <= a + b + 1e-6
 
 
 def test_grad_noise_script_end_to_end(tmp_path):
