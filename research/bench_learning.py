@@ -113,7 +113,7 @@ ARMS = {
         "trainer.freeze_vision=true",
     ],
     # the defaults trained at the validation's temperature: the update then raises the success of the very policy that
-    # is measured (softmax(logits / 0.5)), not of the T=1 policy, whose gain from sharpening T=0.5 sampling already has
+    # is measured (softmax(logits / 0.5)), not of the T=1 policy, whose first gain, sharpening, T=0.5 already has
     "gigpo_meannorm_t0.5": [
         "algorithm=gigpo",
         "trainer.lr=1e-4",
