@@ -38,13 +38,11 @@ def reasoning_mask(input_ids: torch.Tensor, response_mask: torch.Tensor, tokeniz
     completes `</think` (or `<answer`, for a response that never closes its reasoning); 0 elsewhere."""
     out = torch.zeros_like(response_mask)
     for row, (ids, sampled) in enumerate(zip(input_ids.tolist(), response_mask.tolist(), strict=True)):
-        text, reasoning = "", False
+        text, reasoning = "", True
         for position, (token, on) in enumerate(zip(ids, sampled, strict=True)):
             if not on:
-                text, reasoning = "", False  # the next sampled token starts a new response
+                text, reasoning = "", True  # the next sampled token starts a new response
                 continue
-            if not text:
-                reasoning = True
             text += tokenizer.decode([token])
             reasoning = reasoning and "</think" not in text and "<answer" not in text
             out[row, position] = float(reasoning)
