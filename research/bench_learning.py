@@ -112,6 +112,22 @@ ARMS = {
         "algorithm.normalize_std=false",
         "trainer.freeze_vision=true",
     ],
+    # the vision-fixed arm with its <think> reading held in place: by a KL to the warm start, or by paying for the
+    # demonstration's reading (as gigpo_meannorm_reason)
+    "gigpo_meannorm_freeze_vision_kl": [
+        "algorithm=gigpo",
+        "trainer.lr=1e-4",
+        "algorithm.normalize_std=false",
+        "trainer.freeze_vision=true",
+        "algorithm.kl_coef=0.05",
+    ],
+    "gigpo_meannorm_freeze_vision_reason": [
+        "algorithm=gigpo",
+        "trainer.lr=1e-4",
+        "algorithm.normalize_std=false",
+        "trainer.freeze_vision=true",
+        "++env.kwargs.reasoning_coef=0.5",
+    ],
     # the defaults trained at the validation's temperature: the update then raises the success of the very policy that
     # is measured (softmax(logits / 0.5)), not of the T=1 policy, whose first gain, sharpening, T=0.5 already has
     "gigpo_meannorm_t0.5": [
