@@ -58,6 +58,8 @@ DEFAULTS = {
 # Every arm states its learning rate and GiGPO normalisation: the arms measured before the defaults became
 # gigpo_meannorm's (2026-11-27) ran at the then defaults, lr 2e-5 and std normalisation, and keep meaning that.
 LR_2E5, STD = "trainer.lr=2e-5", "algorithm.normalize_std=true"
+# the defaults with the vision tower fixed, and the base of the arms that add to it
+FREEZE_VISION = ["algorithm=gigpo", "trainer.lr=1e-4", "algorithm.normalize_std=false", "trainer.freeze_vision=true"]
 ARMS = {
     "grpo": ["algorithm=grpo", LR_2E5],
     "gigpo": ["algorithm=gigpo", LR_2E5, STD],
@@ -106,28 +108,11 @@ ARMS = {
     # image games: the defaults with the vision tower fixed. At the shipped tiny_vl on sokoban_visual its block holds
     # about two thirds of the update's gradient noise and no measurable signal (research/grad_noise.py), and Adam
     # moves each of its weights by about lr per step whatever the signal, so they drift at random.
-    "gigpo_meannorm_freeze_vision": [
-        "algorithm=gigpo",
-        "trainer.lr=1e-4",
-        "algorithm.normalize_std=false",
-        "trainer.freeze_vision=true",
-    ],
+    "gigpo_meannorm_freeze_vision": FREEZE_VISION,
     # the vision-fixed arm with its <think> reading held in place: by a KL to the warm start, or by paying for the
     # demonstration's reading (as gigpo_meannorm_reason)
-    "gigpo_meannorm_freeze_vision_kl": [
-        "algorithm=gigpo",
-        "trainer.lr=1e-4",
-        "algorithm.normalize_std=false",
-        "trainer.freeze_vision=true",
-        "algorithm.kl_coef=0.05",
-    ],
-    "gigpo_meannorm_freeze_vision_reason": [
-        "algorithm=gigpo",
-        "trainer.lr=1e-4",
-        "algorithm.normalize_std=false",
-        "trainer.freeze_vision=true",
-        "++env.kwargs.reasoning_coef=0.5",
-    ],
+    "gigpo_meannorm_freeze_vision_kl": [*FREEZE_VISION, "algorithm.kl_coef=0.05"],
+    "gigpo_meannorm_freeze_vision_reason": [*FREEZE_VISION, "++env.kwargs.reasoning_coef=0.5"],
     # the defaults trained at the validation's temperature: the update then raises the success of the very policy that
     # is measured (softmax(logits / 0.5)), not of the T=1 policy, whose first gain, sharpening, T=0.5 already has
     "gigpo_meannorm_t0.5": [
