@@ -32,11 +32,13 @@ REPO = Path(__file__).resolve().parents[1]
 MI_EVERY = 5
 LOG_B = math.log(32)
 ECHO_STEP = 42
+COLLAPSE_STEP = 51
 
 
 def synthetic_records(iterations: int = 60, seed: int = 0) -> list[dict]:
     """A run whose success rises while MI falls into template collapse (entropy stays high) near
-    iteration 40, with a grad-norm spike and one Echo Trap firing; MI rows only every MI_EVERY steps."""
+    iteration 40, with a grad-norm spike, one Echo Trap firing and one policy-collapse firing; MI rows only
+    every MI_EVERY steps."""
     rng = np.random.default_rng(seed)
     records = []
     for step in range(iterations):
@@ -59,6 +61,7 @@ def synthetic_records(iterations: int = 60, seed: int = 0) -> list[dict]:
             "policy/clipfrac": abs(rng.normal(0.05, 0.01)),
             "loss/policy": rng.normal(0, 0.02),
             "echo/echo_trap": float(step == ECHO_STEP),
+            "echo/policy_collapse": float(step == COLLAPSE_STEP),
         }
         if step == 17:
             record["policy/grad_norm"] = math.nan  # a non-finite row must be dropped, not crash the plot
@@ -171,8 +174,9 @@ def test_diagnostics_figure_marks_echo_trap_and_chance_and_log_scale(records):
     figure = plot_diagnostics(records)
     entropy, grad_norm, mi, retrieval = figure.axes[:4]
     assert grad_norm.get_yscale() == "log"
-    echo_lines = [line for line in entropy.get_lines() if list(line.get_xdata()) == [ECHO_STEP, ECHO_STEP]]
-    assert len(echo_lines) == 1
+    for step, label in ((ECHO_STEP, "Echo Trap fired"), (COLLAPSE_STEP, "policy collapse fired")):
+        lines = [line for line in entropy.get_lines() if list(line.get_xdata()) == [step, step]]
+        assert len(lines) == 1 and lines[0].get_label() == label
     assert any(label.startswith("ceiling log B = 3.47") for label in mi.get_legend_handles_labels()[1])
     assert any(label == "chance 3.1%" for label in retrieval.get_legend_handles_labels()[1])
 

@@ -11,6 +11,10 @@ says the same thing for every input.
 
 Echo Trap (docs/spec.md §2): the policy overfits to a few rewarded reasoning patterns; the signature is
 within-group reward std falling, entropy falling and the gradient norm spiking together.
+
+Policy collapse, the other way a long run breaks (seen in docs/learning.md: a vision-fixed tiny_vl run that
+had climbed to 0.8 training success fell to 0.3 within a few iterations at ~9,500 episodes): the policy's
+outputs degenerate rather than narrow, so success falls while entropy *rises*, and the gradient norm spikes.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from torch import Tensor
 
 REGIMES = ("diverse", "compressed", "template_collapse", "low_entropy_collapse")
 DEFAULT_MI_FRACTION = 0.1
-ECHO_SIGNALS = ("reward_std", "entropy", "grad_norm")
+ECHO_SIGNALS = ("reward_std", "entropy", "grad_norm", "success")
 
 
 def default_mi_threshold(num_prompts: int, fraction: float = DEFAULT_MI_FRACTION) -> float:
@@ -89,8 +93,10 @@ def _append_step(
     series: dict[str, Tensor] = {}
     new_state: dict[str, Tensor] = {"num_updates": state["num_updates"] + 1}
     for name in ECHO_SIGNALS:
-        value = torch.as_tensor(current[name], dtype=torch.float64, device=state[name].device).reshape(1)
-        series[name] = torch.cat([state[name], value])
+        # a state saved before `success` was monitored holds no history for it: start it empty
+        history = state.get(name, torch.full_like(state["grad_norm"], math.nan))
+        value = torch.as_tensor(current[name], dtype=torch.float64, device=history.device).reshape(1)
+        series[name] = torch.cat([history, value])
         new_state[name] = series[name][1:]
     return series, new_state
 
@@ -112,8 +118,9 @@ def echo_trap_update(
     window: int = 10,
     drop_fraction: float = 0.1,
     spike_factor: float = 3.0,
+    success: float | Tensor = math.nan,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """Feed one training step's scalars; return the new state and this step's Echo Trap signals.
+    """Feed one training step's scalars; return the new state and this step's Echo Trap and collapse signals.
 
     Rule, with h_x the `window` values of signal x before this step and x_t this step's value:
       - reward_std_falling: over the last `window` values including x_t, the mean of the newer half
@@ -122,7 +129,10 @@ def echo_trap_update(
       - grad_norm_spike: grad_norm_t > `spike_factor` × median(h_grad_norm). The median, not the mean,
         so one earlier spike does not raise the bar for the next;
       - echo_trap: all three at once, and only after `window` earlier steps (`warmed_up`), so the
-        first steps of a run never fire.
+        first steps of a run never fire;
+      - success_falling: the half-window rule on the training success rate;
+      - entropy_rising: the entropy's relative change of halves is at least +drop_fraction;
+      - policy_collapse: success_falling, entropy_rising and grad_norm_spike at once (after warm-up).
     Trends compare half-window means rather than consecutive steps so single noisy steps do not fire.
     NaN inputs are stored but ignored by the means and the median (NaN never counts as a spike).
 
@@ -132,13 +142,15 @@ def echo_trap_update(
         reward_std: mean within-group reward std of this step's batch.
         entropy: mean token entropy of this step's policy.
         grad_norm: the gradient norm of this step's update (before clipping).
+        success: the share of this step's episodes that succeeded (NaN: not monitored, never fires).
         window: even history length; drop_fraction in (0, 1); spike_factor > 1.
 
     Returns:
-        new_state, and signals: 0-dim float32 tensors `reward_std_change`, `entropy_change` (relative
-        change of half-window means), `grad_norm_ratio` (grad_norm / median history, 0 if the median
-        is 0), and 0/1 flags `reward_std_falling`, `entropy_falling`, `grad_norm_spike`, `echo_trap`,
-        `warmed_up` (floats, so averaging over steps gives a firing rate).
+        new_state, and signals: 0-dim float32 tensors `reward_std_change`, `entropy_change`,
+        `success_change` (relative change of half-window means), `grad_norm_ratio` (grad_norm / median
+        history, 0 if the median is 0), and 0/1 flags `reward_std_falling`, `entropy_falling`,
+        `grad_norm_spike`, `echo_trap`, `success_falling`, `entropy_rising`, `policy_collapse`, `warmed_up`
+        (floats, so averaging over steps gives a firing rate).
     """
     if not 0.0 < drop_fraction < 1.0 or not spike_factor > 1.0:
         raise ValueError(f"need drop_fraction in (0, 1) and spike_factor > 1, got {drop_fraction}, {spike_factor}.")
@@ -149,10 +161,12 @@ def echo_trap_update(
         raise ValueError(
             f"state holds a window of {state['grad_norm'].shape[0]} steps but window={window}; keep it fixed."
         )
-    series, new_state = _append_step(state, {"reward_std": reward_std, "entropy": entropy, "grad_norm": grad_norm})
+    current = {"reward_std": reward_std, "entropy": entropy, "grad_norm": grad_norm, "success": success}
+    series, new_state = _append_step(state, current)
     warmed_up = state["num_updates"] >= window
     reward_std_change = _relative_change_of_halves(series["reward_std"][-window:])
     entropy_change = _relative_change_of_halves(series["entropy"][-window:])
+    success_change = _relative_change_of_halves(series["success"][-window:])
     grad_ratio = _ratio_to_median(series["grad_norm"][-1], history=state["grad_norm"])
     flags = {
         "reward_std_falling": warmed_up & (reward_std_change <= -drop_fraction),
@@ -160,7 +174,15 @@ def echo_trap_update(
         "grad_norm_spike": warmed_up & (grad_ratio > spike_factor),
     }
     flags["echo_trap"] = flags["reward_std_falling"] & flags["entropy_falling"] & flags["grad_norm_spike"]
+    flags["success_falling"] = warmed_up & (success_change <= -drop_fraction)
+    flags["entropy_rising"] = warmed_up & (entropy_change >= drop_fraction)
+    flags["policy_collapse"] = flags["success_falling"] & flags["entropy_rising"] & flags["grad_norm_spike"]
     flags["warmed_up"] = warmed_up
-    signals = {"reward_std_change": reward_std_change, "entropy_change": entropy_change, "grad_norm_ratio": grad_ratio}
+    signals = {
+        "reward_std_change": reward_std_change,
+        "entropy_change": entropy_change,
+        "success_change": success_change,
+        "grad_norm_ratio": grad_ratio,
+    }
     signals.update(flags)
     return new_state, {name: value.to(torch.float32) for name, value in signals.items()}

@@ -126,9 +126,10 @@ OPTIONS: dict[str, Option] = {
     "diagnostics.image_probe": Option(bool, "", "score reasoning under another state's image and a blank one"),
     "diagnostics.mi_threshold_fraction": Option(float, "[0, 1]", "MI is high above this fraction of log B"),
     "diagnostics.h_threshold": Option(float | None, "[0, inf)", "H(Z|X) per token is high above this (null: auto)"),
-    "diagnostics.echo_window": Option(int, "[2, inf)", "Echo Trap: iterations compared (older vs newer half)"),
-    "diagnostics.echo_spike_factor": Option(float, "(1, inf)", "Echo Trap: a gradient-norm spike is this many "
-                                            "times the recent median"),
+    "diagnostics.echo_window": Option(int, "[2, inf)", "Echo Trap and policy collapse: iterations compared "
+                                      "(older vs newer half)"),
+    "diagnostics.echo_spike_factor": Option(float, "(1, inf)", "Echo Trap and policy collapse: a gradient-norm spike "
+                                            "is this many times the recent median"),
     # ---- logger ------------------------------------------------------------------------------------------------
     "logger.wandb_mode": Option(str, WANDB_MODES, "offline | online | disabled"),
     "logger.project": Option(str, "", "wandb project"),

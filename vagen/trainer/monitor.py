@@ -81,22 +81,29 @@ class DiagnosticsMonitor:
         }
 
     def echo(self, reward_std: float, metrics: dict[str, float]) -> dict[str, float]:
-        """Echo Trap signals from this step's reward spread, entropy and gradient norm; warns when they coincide."""
-        entropy = metrics.get("policy/entropy", math.nan)
-        grad_norm = metrics.get("policy/grad_norm", math.nan)
+        """Echo Trap and policy-collapse signals from this step's reward spread, success, entropy and gradient norm;
+        warns when either signature appears."""
         self.echo_state, signals = echo_trap_update(
             self.echo_state,
             reward_std,
-            entropy,
-            grad_norm,
+            metrics.get("policy/entropy", math.nan),
+            metrics.get("policy/grad_norm", math.nan),
             window=self.cfg.echo_window,
             spike_factor=self.cfg.echo_spike_factor,
+            success=metrics.get("env/success", math.nan),
         )
         out = {f"echo/{name}": float(value) for name, value in signals.items()}
         if out["echo/echo_trap"]:
             warnings.warn(
                 "Echo Trap signature: within-group reward std and entropy are falling while the gradient "
                 "norm spikes (RAGEN). Consider algorithm=starpo_s (variance filtering, clip-higher).",
+                stacklevel=2,
+            )
+        if out["echo/policy_collapse"]:
+            warnings.warn(
+                "Policy collapse signature: training success is falling while entropy rises and the gradient "
+                "norm spikes: the policy's outputs are degenerating. Keep the checkpoint from before the fall "
+                "(trainer.keep_checkpoints) and consider a lower trainer.lr or algorithm.kl_coef > 0.",
                 stacklevel=2,
             )
         return out

@@ -98,9 +98,9 @@ def spread_ratio_key(records: Records) -> str | None:
     return None
 
 
-def echo_trap_steps(records: Records) -> np.ndarray:
-    """Steps at which the Echo Trap monitor fired (`echo/echo_trap` >= 0.5), float64 [k]."""
-    steps, fired = metric_series(records, "echo/echo_trap")
+def fired_steps(records: Records, key: str = "echo/echo_trap") -> np.ndarray:
+    """Steps at which a monitor flag fired (`key` >= 0.5: `echo/echo_trap`, `echo/policy_collapse`), float64 [k]."""
+    steps, fired = metric_series(records, key)
     return steps[fired >= 0.5]
 
 
@@ -149,12 +149,12 @@ def _leave_headroom(ax: Axes, bottom: float, fraction: float = 0.45) -> None:
     ax.set_ylim(bottom, top + fraction * (top - bottom))
 
 
-def _mark_echo_traps(axes: Sequence[Axes], steps: np.ndarray) -> None:
+def _mark_firings(axes: Sequence[Axes], steps: np.ndarray, name: str, color: str) -> None:
     """Dotted vertical lines at the firing steps; named in the first panel's legend only, to keep the others light."""
     for ax_index, ax in enumerate(axes):
         for index, step in enumerate(steps):
-            label = "Echo Trap fired" if index == 0 and ax_index == 0 else None
-            ax.axvline(step, color="crimson", linewidth=1.2, linestyle=":", alpha=0.8, label=label)
+            label = f"{name} fired" if index == 0 and ax_index == 0 else None
+            ax.axvline(step, color=color, linewidth=1.2, linestyle=":", alpha=0.8, label=label)
 
 
 @dataclass(frozen=True)
@@ -412,14 +412,19 @@ DIAGNOSTIC_PANELS = (
 
 @PLOTS.register("diagnostics")
 def plot_diagnostics(records: Records, run_name: str = "", skipped: list[str] | None = None) -> Figure | None:
-    """Entropy, grad norm, MI-Est under log B, retrieval accuracy vs chance; Echo Trap firings as dotted lines."""
+    """Entropy, grad norm, MI-Est under log B, retrieval accuracy vs chance; Echo Trap and policy-collapse
+    firings as dotted lines."""
     title = _title("Collapse diagnostics", run_name)
     figure, axes = _grid_figure(DIAGNOSTIC_PANELS, records, title, "diagnostics", skipped)
     if figure is None:
         return None
-    echo_steps = echo_trap_steps(records)
-    if echo_steps.size:
-        _mark_echo_traps(axes, echo_steps)
+    marked = False
+    signatures = (("echo/echo_trap", "Echo Trap", "crimson"), ("echo/policy_collapse", "policy collapse", "darkorange"))
+    for key, name, color in signatures:
+        steps = fired_steps(records, key)
+        _mark_firings(axes, steps, name, color)
+        marked |= bool(steps.size)
+    if marked:
         axes[0].legend(loc="best", fontsize=8, framealpha=0.85)
     elif skipped is not None and not has_metric(records, "echo/echo_trap"):
         skipped.append("diagnostics: Echo Trap markers skipped (no echo/echo_trap in the log)")
