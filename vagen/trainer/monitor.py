@@ -102,8 +102,10 @@ class DiagnosticsMonitor:
         if out["echo/policy_collapse"]:
             warnings.warn(
                 "Policy collapse signature: training success is falling while entropy rises and the gradient "
-                "norm spikes: the policy's outputs are degenerating. Keep the checkpoint from before the fall "
-                "(trainer.keep_checkpoints) and consider a lower trainer.lr or algorithm.kl_coef > 0.",
+                "norm spikes: the policy's outputs are degenerating (it fires some iterations after the fall). "
+                "Resume from a checkpoint saved before the fall if one is still kept (the kept ones reach back "
+                "trainer.keep_checkpoints x trainer.save_every iterations), with a lower trainer.lr or "
+                "algorithm.kl_coef > 0.",
                 stacklevel=2,
             )
         return out
