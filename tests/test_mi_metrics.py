@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import json
 import math
+import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,6 +23,7 @@ from vagen.diagnostics import (
     mi_metrics,
 )
 from vagen.diagnostics.mi import EMA_KEY, expected_hit_at_k, miss_probability
+from vagen.trainer.monitor import DiagnosticsMonitor
 
 
 def softplus_log(x: float) -> float:
@@ -381,3 +384,25 @@ def test_the_measured_collapse_is_flagged_and_the_healthy_seeds_are_not():
     assert fired["seed0"] == fired["seed2"] == []
     assert fired["seed1"] and all(148 <= step <= 157 for step in fired["seed1"])
     assert echo == {"seed0": [], "seed1": [60], "seed2": []}  # what the runs' own logs flagged
+
+
+def test_the_trainer_monitor_warns_at_the_measured_collapse_from_its_logged_metrics():
+    """The trainer's monitor reads `env/success`, `policy/entropy` and `policy/grad_norm` from the iteration's
+    metrics; fed the collapsed seed's iterations, it warns once per firing, and the state survives a checkpoint."""
+    cfg = SimpleNamespace(echo_window=10, echo_spike_factor=3.0, h_threshold=None)
+    rows = json.loads((Path(__file__).parent / "data" / "echo_fv_runs.json").read_text())["runs"]["seed1"]["rows"]
+    monitor, restored = DiagnosticsMonitor(cfg, seed=0), DiagnosticsMonitor(cfg, seed=0)
+    flagged = []
+    for step, (reward_std, entropy, grad_norm, success) in enumerate(rows, start=1):
+        metrics = {"policy/entropy": entropy, "policy/grad_norm": grad_norm, "env/success": success}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = monitor.echo(reward_std, metrics)
+            if step > 100:
+                assert restored.echo(reward_std, metrics) == out
+        if step == 100:
+            restored.load_state_dict(monitor.state_dict())
+        if any("Policy collapse signature" in str(w.message) for w in caught):
+            flagged.append(step)
+            assert out["echo/policy_collapse"] == 1
+    assert flagged and all(148 <= step <= 157 for step in flagged)
