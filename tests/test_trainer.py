@@ -321,8 +321,8 @@ def test_explained_variance_is_one_number_from_rollout_time_values(monkeypatch):
     seen = {}
     original = Learner.score
 
-    def recording(self, batch, fresh=None):
-        out = original(self, batch, fresh)
+    def recording(self, batch, *args):
+        out = original(self, batch, *args)
         seen["expected"] = explained_variance(out.old_values, out.value_targets, batch.response_mask)
         return out
 
@@ -509,6 +509,7 @@ def test_reusing_the_first_forward_gives_the_plain_paths_gradients(overrides, mo
         grads.append({n: q.grad.clone() for n, q in self.model.named_parameters() if q.grad is not None})
 
     monkeypatch.setattr(Learner, "step", record_gradients)
+    overrides = [*overrides, "trainer.old_logprobs=recompute"]  # the other rows scored by a pass in both
     plain = StarPOTrainer(config([*overrides, "trainer.reuse_first_forward=false"]))
     fast = StarPOTrainer(config([*overrides, "trainer.reuse_first_forward=true"]))
     batch = starpo.trajectories_to_batch(plain.rollout(), pad_token_id=plain.learner.policy.tokenizer.pad_token_id or 0)
@@ -521,6 +522,55 @@ def test_reusing_the_first_forward_gives_the_plain_paths_gradients(overrides, mo
             torch.testing.assert_close(got[name], want[name], atol=1e-6, rtol=1e-5, msg=name)
     for name in ("loss/policy", "policy/ratio_mean", "policy/clipfrac", "rollout/logprob_gap_mean"):
         assert fast_metrics[name] == pytest.approx(plain_metrics[name], abs=1e-6), name
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [*TEXT, "trainer.groups=2", "trainer.group_size=4", "trainer.ppo_epochs=2"],  # 2 mini-batches, 2 epochs
+        [*VISUAL, "algorithm=ppo", "trainer.mini_batch_size=2"],
+    ],
+    ids=["text-two-mini-batches-two-epochs", "visual-ppo-two-mini-batches"],
+)
+def test_old_logprobs_from_the_rollout_give_the_recomputed_gradients(overrides, monkeypatch):
+    """trainer.old_logprobs=rollout takes the old log-probs of the rows not scored by the first mini-batch from the
+    hf engine instead of a no-grad pass: the engine sampled the very function the update scores (fp32), so every
+    optimizer step's gradients equal the recomputed path's to float rounding; the gap is measured on the exact rows."""
+    grads = []
+
+    def record_gradients(self, stats, iteration):
+        grads.append({n: q.grad.clone() for n, q in self.model.named_parameters() if q.grad is not None})
+
+    monkeypatch.setattr(Learner, "step", record_gradients)
+    plain = StarPOTrainer(config([*overrides, "trainer.old_logprobs=recompute"]))
+    fast = StarPOTrainer(config([*overrides, "trainer.old_logprobs=rollout"]))
+    assert not plain.learner.old_logprobs_from_rollout and fast.learner.old_logprobs_from_rollout
+    batch = starpo.trajectories_to_batch(plain.rollout(), pad_token_id=plain.learner.policy.tokenizer.pad_token_id or 0)
+    calls = {"plain": 0, "fast": 0}
+    for name, trainer in (("plain", plain), ("fast", fast)):
+        hook = lambda *args, name=name: calls.__setitem__(name, calls[name] + (not torch.is_grad_enabled()))
+        trainer.learner.model.get_decoder().layers[0].register_forward_pre_hook(hook)
+    plain_metrics, fast_metrics = plain.learner.update(batch, 0).means(), fast.learner.update(batch, 0).means()
+    assert calls["plain"] > 0 and calls["fast"] == 0  # no no-grad pass at all (no reference in these configs)
+    steps = len(grads) // 2
+    assert steps > 1 and len(grads) == 2 * steps
+    for want, got in zip(grads[:steps], grads[steps:], strict=True):
+        assert want.keys() == got.keys()
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-4, msg=name)
+    for name in ("loss/policy", "policy/ratio_mean", "policy/clipfrac"):
+        assert fast_metrics[name] == pytest.approx(plain_metrics[name], abs=1e-5), name
+    assert 0 < fast_metrics["rollout/logprob_gap_mean"] < 1e-5 and fast_metrics["rollout/logprob_gap_max"] < 1e-3
+
+
+def test_old_logprobs_auto_takes_the_rollouts_only_where_the_engine_samples_the_trained_function():
+    resolve = lambda *extra: learner_module.old_logprobs_from_rollout(config([*TEXT, *extra]))
+    assert resolve() and resolve("trainer.old_logprobs=rollout", "trainer.bf16=true")
+    assert not resolve("trainer.bf16=true") and not resolve("rollout.top_p=0.9")
+    assert not resolve("trainer.old_logprobs=recompute")
+    vllm = config(TEXT)
+    vllm.rollout.engine = "vllm"
+    assert not learner_module.old_logprobs_from_rollout(vllm)
 
 
 @pytest.mark.parametrize("overrides", [[*TEXT, "algorithm=ppo"], VISUAL], ids=["text-ppo", "visual"])

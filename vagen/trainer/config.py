@@ -41,6 +41,7 @@ from vagen.trainer.memory_plan import GIB, available_memory
 CRITIC_ESTIMATORS = ("gae", "bilevel_gae")
 GROUP_ESTIMATORS = ("grpo", "grpo_turn", "gigpo", "drgrpo", "rloo")
 DEVICES = ("auto", "cpu", "cuda")
+OLD_LOGPROBS = ("auto", "recompute", "rollout")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 MAX_SEED = EVAL_SEED_BASE // SEED_STRIDE - 1  # run seed s trains on env seeds s·SEED_STRIDE + k, below evaluation's
 REWARD = "[-1e6, 1e6]"  # rewards are summed, normalised and stored in float32: larger magnitudes swamp the rest
@@ -102,6 +103,9 @@ OPTIONS: dict[str, Option] = {
     "trainer.eval_temperature": Option(float, TEMPERATURE, "sampling temperature of validation (0 = greedy)"),
     "trainer.eval_move_probe": Option(bool, "", "each validation also scores the first-move probe"),
     "trainer.reuse_first_forward": Option(bool, "", "the first mini-batch's old log-probs come from its forward"),
+    "trainer.old_logprobs": Option(str, OLD_LOGPROBS, "the other mini-batches' old log-probs: recompute (a no-grad "
+                                   "pass) | rollout (the engine's, no pass) | auto (rollout where the engine samples "
+                                   "the trained function: hf, fp32, top_p 1)"),
     "trainer.bf16": Option(bool, "", "bf16 autocast for forward/backward"),
     "trainer.gradient_checkpointing": Option(bool, "", "recompute activations in backward (less memory)"),
     "trainer.memory_check": Option(bool, "", "refuse a run whose memory plan exceeds the device"),

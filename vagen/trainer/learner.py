@@ -110,6 +110,17 @@ class NonFiniteTraining(ValueError):
     """A loss or gradient became inf or NaN; raised before the optimizer step that would write it into the weights."""
 
 
+def old_logprobs_from_rollout(cfg: DictConfig) -> bool:
+    """Whether `trainer.old_logprobs` takes the PPO ratio's old log-probs from the engine. `auto` does where the
+    engine samples exactly the function the update scores (the shared hf module, no bf16 autocast, no top-p
+    truncation): there the two differ by float rounding only (about 1e-7 nats per token, `rollout/logprob_gap_mean`).
+    """
+    choice = cfg.trainer.get("old_logprobs", "recompute")
+    if choice != "auto":
+        return choice == "rollout"
+    return cfg.rollout.engine == "hf" and not cfg.trainer.bf16 and cfg.rollout.top_p >= 1.0
+
+
 class Learner:
     """The policy, optional critic and reference, their optimizers and the rollout engine of `cfg`.
 
@@ -181,6 +192,7 @@ class Learner:
                 self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.optimizers, self.schedulers = self._optimizers()
         self.probe_states: list[ProbeState] | None = None  # the first-move probe's held-out starts, built once
+        self.old_logprobs_from_rollout = old_logprobs_from_rollout(cfg)
 
     # ---- construction --------------------------------------------------------------------
     def _optimizers(self) -> tuple[dict, dict]:
@@ -304,12 +316,16 @@ class Learner:
         # The first mini-batch is trained on before any weight changes: its old log-probs are exactly the new ones of
         # its own forward (detached), so their separate no-grad pass is skipped (`trainer.reuse_first_forward`).
         # Data-parallel replicas score every row up front instead: a replica only sees the forwards of its own rows.
+        # With `trainer.old_logprobs` at rollout, the other rows take the engine's own log-probs (no pass at all), and
+        # only the rows scored exactly (the fresh ones) measure the rollout/training gap.
         fresh = torch.zeros(len(batch), dtype=torch.bool)
         if trainer.reuse_first_forward and self.data_parallel.world == 1:
             fresh[first_order[: trainer.mini_batch_size]] = True
+        from_rollout = self.old_logprobs_from_rollout
+        exact = fresh.clone() if from_rollout else torch.ones(len(batch), dtype=torch.bool)
 
         start = time.perf_counter()
-        batch = self.score(batch, fresh)  # 1-2
+        batch = self.score(batch, fresh, from_rollout)  # 1-2
         self._synchronize()
         stats.add("perf", {"logprobs_s": time.perf_counter() - start})
         mask = batch.response_mask
@@ -342,16 +358,20 @@ class Learner:
         stats.add("perf", {"train_s": time.perf_counter() - start})
         # Engines report the log-probs of the distribution they sampled from, the trainer scores softmax(logits/T):
         # any gap is rollout/training mismatch (precision, kernels, inputs, and top-p / top-k truncation if on).
-        gap = (batch.rollout_logprobs - batch.old_logprobs).abs() * mask
-        stats.add("rollout", {"logprob_gap_mean": gap.sum() / mask.sum().clamp(min=1), "logprob_gap_max": gap.max()})
+        if exact.any():
+            measured = mask[exact]
+            gap = (batch.rollout_logprobs - batch.old_logprobs).abs()[exact] * measured
+            gap_mean = gap.sum() / measured.sum().clamp(min=1)
+            stats.add("rollout", {"logprob_gap_mean": gap_mean, "logprob_gap_max": gap.max()})
         stats.add("policy", {"update_norm": relative_change(before, self.trainable_parameters())})
         return stats
 
-    def score(self, batch: TokenBatch, fresh: torch.Tensor | None = None) -> TokenBatch:
+    def score(self, batch: TokenBatch, fresh: torch.Tensor | None = None, from_rollout: bool = False) -> TokenBatch:
         """The batch with its old log-probs, reference log-probs, old values, advantages and value targets.
 
         fresh: [B] bool, rows whose old log-probs the first mini-batch's own forward will provide (they are left 0
         here and filled in by `update`), which saves their separate no-grad forward pass.
+        from_rollout: the old log-probs are the engine's (`batch.rollout_logprobs`), not a no-grad pass of the policy.
         """
         algo = self.cfg.algorithm
         processor = self.policy.processor
@@ -372,7 +392,10 @@ class Learner:
             return parallel.sum_(out)
 
         with self._autocast():
-            old_logprobs = logprobs_of(self.model, mine if fresh is None else mine[~fresh[mine]])
+            if from_rollout:
+                old_logprobs = batch.rollout_logprobs.clone()
+            else:
+                old_logprobs = logprobs_of(self.model, mine if fresh is None else mine[~fresh[mine]])
             ref_logprobs = None
             if self.reference is not None:
                 with self.reference_scope():
