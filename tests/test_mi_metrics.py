@@ -334,6 +334,11 @@ def test_monitor_state_is_pure_checkpointable_and_validated():
 # ----------------------------------------------------------------------------- policy collapse
 
 
+def _measured_runs() -> dict:
+    """Per-iteration [reward std, entropy, grad norm, success] of the three vision-fixed sokoban_visual runs."""
+    return json.loads((Path(__file__).parent / "data" / "echo_fv_runs.json").read_text())["runs"]
+
+
 def test_degenerating_run_triggers_policy_collapse_not_the_echo_trap():
     healthy, collapse = 30, 8
     success = _noisy(0.7, healthy, 7) + torch.linspace(0.7, 0.3, collapse).tolist()
@@ -373,9 +378,8 @@ def test_the_measured_collapse_is_flagged_and_the_healthy_seeds_are_not():
     """The vision-fixed sokoban_visual runs to 9,984 episodes (docs/learning.md): seed 1 fell from ~0.8
     training success to ~0.3 at step 148 as its reading degenerated; seeds 0 and 2 gained. Replayed with
     the trainer's defaults (window 10, drop fraction 0.1, spike factor 3)."""
-    runs = json.loads((Path(__file__).parent / "data" / "echo_fv_runs.json").read_text())["runs"]
     fired, echo = {}, {}
-    for name, run in runs.items():
+    for name, run in _measured_runs().items():
         reward_std, entropy, grad_norm, success = zip(*run["rows"], strict=True)
         history = _run_monitor(reward_std, entropy, grad_norm, success)
         steps = [run["first_step"] + i for i in range(len(history))]
@@ -390,7 +394,7 @@ def test_the_trainer_monitor_warns_at_the_measured_collapse_from_its_logged_metr
     """The trainer's monitor reads `env/success`, `policy/entropy` and `policy/grad_norm` from the iteration's
     metrics; fed the collapsed seed's iterations, it warns once per firing, and the state survives a checkpoint."""
     cfg = SimpleNamespace(echo_window=10, echo_spike_factor=3.0, h_threshold=None)
-    rows = json.loads((Path(__file__).parent / "data" / "echo_fv_runs.json").read_text())["runs"]["seed1"]["rows"]
+    rows = _measured_runs()["seed1"]["rows"]
     monitor, restored = DiagnosticsMonitor(cfg, seed=0), DiagnosticsMonitor(cfg, seed=0)
     flagged = []
     for step, (reward_std, entropy, grad_norm, success) in enumerate(rows, start=1):
