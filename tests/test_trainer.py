@@ -55,6 +55,31 @@ def snapshot(module):
     return {name: p.detach().clone() for name, p in module.named_parameters()}
 
 
+def record_step_gradients(monkeypatch) -> list[dict[str, torch.Tensor]]:
+    """Make `Learner.step` record the gradients of every trained module (`policy.…`, `critic.…`) instead of stepping:
+    one dict per optimizer step, in order."""
+    grads = []
+
+    def record(self, stats, iteration):
+        named = [(f"{m}.{n}", q) for m, module in self.modules.items() for n, q in module.named_parameters()]
+        grads.append({name: q.grad.clone() for name, q in named if q.grad is not None})
+
+    monkeypatch.setattr(Learner, "step", record)
+    return grads
+
+
+def assert_same_steps(grads: list[dict[str, torch.Tensor]], atol: float, rtol: float) -> int:
+    """Two updates recorded one after the other: every step of the second has the first's gradients. Returns the
+    number of steps per update."""
+    steps = len(grads) // 2
+    assert steps and len(grads) == 2 * steps
+    for want, got in zip(grads[:steps], grads[steps:], strict=True):
+        assert want.keys() == got.keys()
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], atol=atol, rtol=rtol, msg=name)
+    return steps
+
+
 @pytest.mark.parametrize("algorithm", ["grpo", "drgrpo", "dapo", "ppo", "starpo_s"])
 def test_each_preset_updates_every_parameter_with_finite_metrics(algorithm):
     cfg = config([*TEXT, f"algorithm={algorithm}", "filter.empty_policy=keep_all"])
@@ -503,23 +528,13 @@ def test_select_slices_the_training_tensors_with_their_dialogues():
 def test_reusing_the_first_forward_gives_the_plain_paths_gradients(overrides, monkeypatch):
     """trainer.reuse_first_forward skips the no-grad pass for the first mini-batch's old log-probs; every optimizer
     step must see the gradients and the loss metrics of the plain path (old log-probs all precomputed)."""
-    grads = []
-
-    def record_gradients(self, stats, iteration):
-        grads.append({n: q.grad.clone() for n, q in self.model.named_parameters() if q.grad is not None})
-
-    monkeypatch.setattr(Learner, "step", record_gradients)
+    grads = record_step_gradients(monkeypatch)
     overrides = [*overrides, "trainer.old_logprobs=recompute"]  # the other rows scored by a pass in both
     plain = StarPOTrainer(config([*overrides, "trainer.reuse_first_forward=false"]))
     fast = StarPOTrainer(config([*overrides, "trainer.reuse_first_forward=true"]))
     batch = starpo.trajectories_to_batch(plain.rollout(), pad_token_id=plain.learner.policy.tokenizer.pad_token_id or 0)
     plain_metrics, fast_metrics = plain.learner.update(batch, 0).means(), fast.learner.update(batch, 0).means()
-    assert len(grads) % 2 == 0 and grads
-    steps = len(grads) // 2
-    for want, got in zip(grads[:steps], grads[steps:], strict=True):
-        assert want.keys() == got.keys()
-        for name in want:
-            torch.testing.assert_close(got[name], want[name], atol=1e-6, rtol=1e-5, msg=name)
+    assert_same_steps(grads, atol=1e-6, rtol=1e-5)
     for name in ("loss/policy", "policy/ratio_mean", "policy/clipfrac", "rollout/logprob_gap_mean"):
         assert fast_metrics[name] == pytest.approx(plain_metrics[name], abs=1e-6), name
 
@@ -536,12 +551,7 @@ def test_old_logprobs_from_the_rollout_give_the_recomputed_gradients(overrides, 
     """trainer.old_logprobs=rollout takes the old log-probs of the rows not scored by the first mini-batch from the
     hf engine instead of a no-grad pass: the engine sampled the very function the update scores (fp32), so every
     optimizer step's gradients equal the recomputed path's to float rounding; the gap is measured on the exact rows."""
-    grads = []
-
-    def record_gradients(self, stats, iteration):
-        grads.append({n: q.grad.clone() for n, q in self.model.named_parameters() if q.grad is not None})
-
-    monkeypatch.setattr(Learner, "step", record_gradients)
+    grads = record_step_gradients(monkeypatch)
     plain = StarPOTrainer(config([*overrides, "trainer.old_logprobs=recompute"]))
     fast = StarPOTrainer(config([*overrides, "trainer.old_logprobs=rollout"]))
     assert not plain.learner.old_logprobs_from_rollout and fast.learner.old_logprobs_from_rollout
@@ -552,12 +562,7 @@ def test_old_logprobs_from_the_rollout_give_the_recomputed_gradients(overrides, 
         trainer.learner.model.get_decoder().layers[0].register_forward_pre_hook(hook)
     plain_metrics, fast_metrics = plain.learner.update(batch, 0).means(), fast.learner.update(batch, 0).means()
     assert calls["plain"] > 0 and calls["fast"] == 0  # no no-grad pass of the policy (the KL reference is a copy)
-    steps = len(grads) // 2
-    assert steps > 1 and len(grads) == 2 * steps
-    for want, got in zip(grads[:steps], grads[steps:], strict=True):
-        assert want.keys() == got.keys()
-        for name in want:
-            torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-4, msg=name)
+    assert assert_same_steps(grads, atol=1e-5, rtol=1e-4) > 1
     for name in ("loss/policy", "policy/ratio_mean", "policy/clipfrac"):
         assert fast_metrics[name] == pytest.approx(plain_metrics[name], abs=1e-5), name
     assert 0 < fast_metrics["rollout/logprob_gap_mean"] < 1e-5 and fast_metrics["rollout/logprob_gap_max"] < 1e-3
@@ -577,13 +582,7 @@ def test_old_logprobs_auto_takes_the_rollouts_only_where_the_engine_samples_the_
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients(overrides, monkeypatch):
     """trainer.gradient_checkpointing recomputes each layer in backward (its forward runs twice) and changes no
     number: losses and gradients of the update equal those without it (fp32, 1e-5); rollout is untouched."""
-    grads = []
-
-    def record_gradients(self, stats, iteration):
-        named = [(f"{m}.{n}", q) for m, module in self.modules.items() for n, q in module.named_parameters()]
-        grads.append({name: q.grad.clone() for name, q in named if q.grad is not None})
-
-    monkeypatch.setattr(Learner, "step", record_gradients)
+    grads = record_step_gradients(monkeypatch)
     plain = StarPOTrainer(config(overrides))
     recomputed = StarPOTrainer(config([*overrides, "trainer.gradient_checkpointing=true"]))
     batch = starpo.trajectories_to_batch(plain.rollout(), pad_token_id=plain.learner.policy.tokenizer.pad_token_id or 0)
@@ -597,10 +596,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(overrides, mon
     )
     assert calls["recomputed"].count(True) == 2 * calls["plain"].count(True) > 0  # forward + recomputation
     assert not recomputed.learner.model.get_decoder().layers[0].training  # eval mode again after the update
-    for want, got in zip(grads[: len(grads) // 2], grads[len(grads) // 2 :], strict=True):
-        assert want.keys() == got.keys()
-        for name in want:
-            torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-5, msg=name)
+    assert_same_steps(grads, atol=1e-5, rtol=1e-5)
     for name in ("loss/policy", "loss/total"):
         assert recomputed_metrics[name] == pytest.approx(plain_metrics[name], abs=1e-5), name
     monkeypatch.undo()  # a whole iteration with real optimizer steps
