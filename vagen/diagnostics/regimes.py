@@ -94,7 +94,7 @@ def _append_step(
     new_state: dict[str, Tensor] = {"num_updates": state["num_updates"] + 1}
     for name in ECHO_SIGNALS:
         # a state saved before `success` was monitored holds no history for it: start it empty
-        history = state.get(name, torch.full_like(state["grad_norm"], math.nan))
+        history = state[name] if name in state else torch.full_like(state["grad_norm"], math.nan)
         value = torch.as_tensor(current[name], dtype=torch.float64, device=history.device).reshape(1)
         series[name] = torch.cat([history, value])
         new_state[name] = series[name][1:]

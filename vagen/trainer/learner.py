@@ -115,7 +115,7 @@ def old_logprobs_from_rollout(cfg: DictConfig) -> bool:
     engine samples exactly the function the update scores (the shared hf module, no bf16 autocast, no top-p
     truncation): there the two differ by float rounding only (about 1e-7 nats per token, `rollout/logprob_gap_mean`).
     """
-    choice = cfg.trainer.get("old_logprobs", "recompute")
+    choice = cfg.trainer.old_logprobs
     if choice != "auto":
         return choice == "rollout"
     return cfg.rollout.engine == "hf" and not cfg.trainer.bf16 and cfg.rollout.top_p >= 1.0

@@ -98,7 +98,7 @@ def spread_ratio_key(records: Records) -> str | None:
     return None
 
 
-def fired_steps(records: Records, key: str = "echo/echo_trap") -> np.ndarray:
+def fired_steps(records: Records, key: str) -> np.ndarray:
     """Steps at which a monitor flag fired (`key` >= 0.5: `echo/echo_trap`, `echo/policy_collapse`), float64 [k]."""
     steps, fired = metric_series(records, key)
     return steps[fired >= 0.5]
