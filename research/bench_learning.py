@@ -113,6 +113,12 @@ ARMS = {
     # demonstration's reading (as gigpo_meannorm_reason)
     "gigpo_meannorm_freeze_vision_kl": [*FREEZE_VISION, "algorithm.kl_coef=0.05"],
     "gigpo_meannorm_freeze_vision_reason": [*FREEZE_VISION, "++env.kwargs.reasoning_coef=0.5"],
+    # the KL arm with its new levels kept most at the solver distances where its success is nearest 50%
+    "gigpo_meannorm_freeze_vision_kl_frontier": [
+        *FREEZE_VISION,
+        "algorithm.kl_coef=0.05",
+        "trainer.level_sampler=frontier",
+    ],
     # the defaults trained at the validation's temperature: the update then raises the success of the very policy that
     # is measured (softmax(logits / 0.5)), not of the T=1 policy, whose first gain, sharpening, T=0.5 already has
     "gigpo_meannorm_t0.5": [
