@@ -117,7 +117,7 @@ def build_model_folder(scale: str, folder: Path) -> None:
 
 def run_config(options: DictConfig, folder: str, run_dir: str):
     overrides = [
-        "env=sokoban_visual", "model=qwen2_5_vl_3b", f"model.path={folder}", "model.dtype=bfloat16",
+        "~tuned", "env=sokoban_visual", "model=qwen2_5_vl_3b", f"model.path={folder}", "model.dtype=bfloat16",
         "trainer.bf16=true", "algorithm.kl_coef=0.001", "filter.empty_policy=keep_all", "diagnostics.compute_freq=0",
         f"trainer.groups={options.groups}", f"trainer.group_size={options.group_size}",
         f"trainer.mini_batch_size={options.groups * options.group_size}",

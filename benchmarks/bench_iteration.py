@@ -97,7 +97,8 @@ def child(options: DictConfig, overrides: list[str]) -> None:
     torch.set_num_threads(options.threads)
     with tempfile.TemporaryDirectory() as run_dir:
         with initialize_config_dir(config_dir=str(Path.cwd() / "configs"), version_base=None):
-            cfg = compose("train", overrides=[*BASE_OVERRIDES, f"run_dir={run_dir}/run", *overrides])
+            untuned = ["~tuned"] if Path("configs/tuned").is_dir() else []  # both sides: train.yaml's base settings
+            cfg = compose("train", overrides=[*untuned, *BASE_OVERRIDES, f"run_dir={run_dir}/run", *overrides])
         trainer = StarPOTrainer(cfg)
         trainer.train_iteration()  # warm-up: allocator, thread pools, lazy imports
         for _ in range(options.iterations):

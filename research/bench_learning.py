@@ -178,6 +178,7 @@ def training_overrides(arm: str, seed: int, run_dir: Path, iterations: int, epis
     """The `scripts/train.py` overrides of one run up to `iterations`: the arm and seed, plus only what a benchmark
     must set (validation size and place, a checkpoint each iteration, resume, quiet logging); these win over `extra`."""
     return [
+        "~tuned",  # an arm is its overrides on train.yaml's base, whatever configs/tuned/ holds at the time
         *ARMS[arm],
         *extra,
         f"seed={seed}",

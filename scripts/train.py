@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from vagen.trainer.config import check_overrides
+from vagen.trainer.config import check_overrides, tuned_line
 from vagen.trainer.run import train
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
@@ -22,6 +23,9 @@ CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 
 @hydra.main(config_path=CONFIG_DIR, config_name="train", version_base=None)
 def main(cfg: DictConfig) -> None:
+    tuned = tuned_line(CONFIG_DIR, HydraConfig.get().runtime.choices.get("tuned"), cfg)
+    if tuned:
+        print(tuned, flush=True)
     try:
         run_dir = train(cfg)
     except ValueError as error:  # user errors: every one says what to change

@@ -7,7 +7,9 @@ from omegaconf import OmegaConf
 
 from vagen.env import IMAGE_PLACEHOLDER, make_env
 
-ENV_CONFIGS = sorted((Path(__file__).parent.parent / "configs" / "env").glob("*.yaml"))
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+ENV_CONFIGS = sorted((CONFIGS / "env").glob("*.yaml"))
+TUNED = sorted((CONFIGS / "tuned").glob("*.yaml"))
 
 
 def test_there_are_text_and_visual_configs_for_every_game():
@@ -34,7 +36,7 @@ def test_env_config_builds_and_plays(path):
 
 @pytest.mark.parametrize("preset", ["grpo", "gigpo", "drgrpo", "ppo", "dapo", "starpo_s"])
 def test_algorithm_presets_state_only_what_differs_from_the_base(preset):
-    folder = Path(__file__).resolve().parent.parent / "configs" / "algorithm"
+    folder = CONFIGS / "algorithm"
     base = OmegaConf.to_container(OmegaConf.load(folder / "base.yaml"))
     raw = OmegaConf.to_container(OmegaConf.load(folder / f"{preset}.yaml"))
     stated = {k: v for k, v in raw.get("algorithm", raw).items() if k not in ("defaults", "name")}
@@ -58,3 +60,47 @@ def test_the_demo_trains_the_text_default_with_the_default_algorithm_and_validat
     assert (cfg.env.name, cfg.model.name, cfg.algorithm.name) == ("sokoban_text", "tiny_text", "gigpo")
     assert cfg.trainer.iterations * cfg.trainer.groups * cfg.trainer.group_size == 2496
     assert cfg.trainer.eval_episodes == 256 and cfg.trainer.iterations % cfg.trainer.eval_every == 0
+
+
+@pytest.mark.parametrize("path", TUNED, ids=lambda p: p.stem)
+def test_a_tuned_file_is_named_for_its_game_model_and_algorithm_and_sets_documented_options(path):
+    """configs/tuned/<env>-<model>-<algorithm>.yaml: the three are configs that exist, the file sets options of
+    `OPTIONS` only, and the run of that game, model and algorithm gets its values and passes the checks."""
+    from test_trainer import config
+
+    from vagen.trainer.config import OPTIONS, _leaves, validate_config
+
+    env, model, algorithm = path.stem.split("-")
+    for group, name in (("env", env), ("model", model), ("algorithm", algorithm)):
+        assert (CONFIGS / group / f"{name}.yaml").is_file(), f"{path.name}: no configs/{group}/{name}.yaml"
+    assert path.read_text().startswith("# @package _global_\n")
+    tuned = OmegaConf.load(path)
+    keys = list(_leaves(OmegaConf.to_container(tuned)))
+    assert keys and set(keys) <= set(OPTIONS), set(keys) - set(OPTIONS)
+    cfg = config([f"env={env}", f"model={model}", f"algorithm={algorithm}"])
+    assert {key: OmegaConf.select(cfg, key) for key in keys} == {key: OmegaConf.select(tuned, key) for key in keys}
+    validate_config(cfg)
+
+
+def test_the_tuned_settings_yield_to_the_command_line_and_apply_to_their_triple_only():
+    """The sokoban_visual file sets trainer.freeze_vision and algorithm.kl_coef for tiny_vl with gigpo; another
+    algorithm or model, `~tuned`, or the key on the command line each give something else, and the run's line says
+    which values it uses."""
+    from test_trainer import config
+
+    from vagen.trainer.config import tuned_line
+
+    def chosen(*overrides):
+        cfg = config(["env=sokoban_visual", *overrides])
+        return cfg.trainer.freeze_vision, cfg.algorithm.kl_coef
+
+    assert chosen() == (True, 0.05)
+    assert chosen("algorithm.kl_coef=0.2") == (True, 0.2)
+    assert chosen("~tuned") == chosen("algorithm=grpo") == chosen("model=tiny_vl_test") == (False, 0.001)
+    cfg = config(["env=sokoban_visual", "trainer.freeze_vision=false"])
+    assert tuned_line(str(CONFIGS), "sokoban_visual-tiny_vl-gigpo", cfg) == (
+        "Tuned for sokoban_visual-tiny_vl-gigpo (configs/tuned/sokoban_visual-tiny_vl-gigpo.yaml): "
+        "trainer.freeze_vision=false algorithm.kl_coef=0.05. key=value overrides one; ~tuned drops all."
+    )
+    assert tuned_line(str(CONFIGS), "sokoban_visual-tiny_vl-grpo", cfg) is None  # no such file
+    assert tuned_line(str(CONFIGS), None, cfg) is None  # ~tuned

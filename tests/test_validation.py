@@ -177,20 +177,40 @@ def bench_learning():
     return repo_module("research/bench_learning.py")
 
 
+BENCH_ONLY = {"eval_episodes", "eval_every", "iterations", "save_every", "keep_checkpoints", "viz_every"}
+
+
+def assert_same_training(cfg, benched):
+    """The two configs train alike: they differ only in what a benchmark must set (`BENCH_ONLY`)."""
+    for section in ("env", "model", "algorithm", "filter", "rollout", "diagnostics"):
+        assert cfg[section] == benched[section], section
+    differing = {key for key in cfg.trainer if cfg.trainer[key] != benched.trainer[key]}
+    assert differing == BENCH_ONLY, differing
+
+
 def test_bench_learning_trains_with_the_default_configs():
-    """bench_learning's runs differ from `scripts/train.py env=sokoban_visual algorithm=X` only in the arm and in what a
-    benchmark must set (validation size and place, checkpoints, resume, logging): its numbers are the defaults'."""
+    """bench_learning's runs differ from `scripts/train.py ~tuned algorithm=X` only in the arm and in what a benchmark
+    must set (validation size and place, checkpoints, resume, logging): an arm means its overrides on train.yaml's
+    base, whatever configs/tuned/ adds to the defaults later."""
     from pathlib import Path
 
     bench = bench_learning()
-    bench_only = {"eval_episodes", "eval_every", "iterations", "save_every", "keep_checkpoints", "viz_every"}
     for arm in ("grpo", "starpo_s", "gigpo_plr"):
         overrides = bench.training_overrides(arm, 1, Path("/tmp/x"), 16, 256, [])
-        default, benched = config([*bench.ARMS[arm], "seed=1"]), config(overrides)
-        for section in ("env", "model", "algorithm", "filter", "rollout", "diagnostics"):
-            assert default[section] == benched[section], section
-        differing = {key for key in default.trainer if default.trainer[key] != benched.trainer[key]}
-        assert differing == bench_only, differing
+        assert_same_training(config(["~tuned", *bench.ARMS[arm], "seed=1"]), config(overrides))
+
+
+@pytest.mark.parametrize(
+    "env, arm", [("sokoban_visual", "gigpo_meannorm_freeze_vision_kl"), ("frozenlake_visual", "gigpo_meannorm")]
+)
+def test_the_image_games_defaults_are_the_arm_measured_best(env, arm):
+    """`scripts/train.py env=<game>` (train.yaml plus configs/tuned/) trains exactly as the benchmark arm that
+    docs/learning.md measured best on that game."""
+    from pathlib import Path
+
+    bench = bench_learning()
+    benched = config([*bench.training_overrides(arm, 0, Path("/tmp/x"), 16, 256, []), f"env={env}"])
+    assert_same_training(config([f"env={env}", "run_dir=/tmp/x"]), benched)
 
 
 def test_every_bench_learning_arm_composes_and_passes_the_option_checks():

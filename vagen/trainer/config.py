@@ -318,7 +318,9 @@ def options_reference() -> str:
         "Every option of `configs/train.yaml` and its groups, generated from `OPTIONS` in `vagen/trainer/config.py`,",
         "the table that `check_options` validates a run against before any model loads. Set any of them on the",
         "command line: `python scripts/train.py env=sokoban_visual trainer.lr=1e-4`. The keys of `env.kwargs` are",
-        "the game's own constructor arguments; the ones below are those of the shipped game configs.",
+        "the game's own constructor arguments; the ones below are those of the shipped game configs. The defaults",
+        "are those files' values, then `configs/tuned/<env>-<model>-<algorithm>.yaml` where one exists (the",
+        "settings measured best for that combination; `~tuned` drops them).",
     ]
     section = None
     for key, option in OPTIONS.items():
@@ -665,6 +667,18 @@ def check_overrides(config_dir: str, config_name: str, overrides: list[str]) -> 
                 f"Unknown option {key!r} (added with +).{closest_option(key, known)} Only keys of "
                 f"{', '.join(OPEN_SECTIONS[:2])} can be added; every option is documented in configs/."
             )
+
+
+def tuned_line(config_dir: str, choice: str | None, cfg: Any) -> str | None:
+    """The line a run prints when configs/tuned/<choice>.yaml (train.yaml's `tuned` entry: <env>-<model>-<algorithm>)
+    set some of its options: each with the value the run uses (the command line may have overridden it); None where
+    no such file exists or `~tuned` dropped it."""
+    path = Path(config_dir) / "tuned" / f"{choice}.yaml"
+    if choice is None or not path.is_file():
+        return None
+    values = {key: OmegaConf.select(cfg, key) for key in _leaves(OmegaConf.to_container(OmegaConf.load(path)))}
+    settings = " ".join(f"{key}={str(v).lower() if isinstance(v, bool) else v}" for key, v in values.items())
+    return f"Tuned for {choice} (configs/tuned/{path.name}): {settings}. key=value overrides one; ~tuned drops all."
 
 
 def check_model_reads_env(cfg: Any) -> None:
