@@ -228,6 +228,29 @@ def test_lora_trains_only_adapters():
     assert adapters and changed == adapters
 
 
+def test_lora_with_the_vision_tower_fixed_adapts_the_language_model_only_and_its_run_evaluates(tmp_path):
+    """gate_proj names an MLP of the vision tower as well as of the language model: with `trainer.freeze_vision` no
+    adapter goes into the vision tower (without it one does), and the evaluator rebuilds the run's model exactly."""
+    from omegaconf import OmegaConf
+
+    from vagen.eval.models import load_local_policy, resolve_models
+    from vagen.trainer.learner import is_vision_weight
+
+    lora = ["trainer.lora.enabled=true", "trainer.lora.target_modules=[q_proj,gate_proj]", "algorithm.kl_coef=0"]
+    adapted = StarPOTrainer(config([*VISUAL, *lora])).learner.model
+    assert any("lora_" in name and is_vision_weight(name) for name, _ in adapted.named_parameters())
+    cfg = config([*VISUAL, *lora, "trainer.freeze_vision=true", "trainer.iterations=2"], tmp_path)
+    run_dir = train(cfg)
+    model = trained(cfg).learner.model
+    adapters = [name for name, _ in model.named_parameters() if "lora_" in name]
+    assert adapters and not any(is_vision_weight(name) for name in adapters)
+    assert any(".mlp.gate_proj.lora_" in name for name in adapters)
+    (spec,) = resolve_models([str(run_dir)], OmegaConf.create({"name": "hf"}), CONFIG_DIR, {})
+    loaded = load_local_policy(spec, "cpu").model.state_dict()  # loads the checkpoint strictly
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, loaded[name]), name
+
+
 def test_merged_lora_weights_are_the_adapted_model_under_plain_names():
     """What a vLLM engine receives with LoRA: loaded into a plain copy of the base model, it gives the adapted
     model's logits exactly (W + scale·B·A), with no peft parameter names."""

@@ -35,7 +35,7 @@ class ModelSpec:
     kind: "policy" | "api" | "local" (hf or vllm engine).
     model_config: the configs/model entry to build (local).
     checkpoint: a checkpoint folder whose policy weights replace the built model's (local).
-    lora: the run's LoRA settings when its checkpoint holds adapter weights (local).
+    lora: the run's LoRA settings when its checkpoint holds adapter weights (local), and `exclude_vision`.
     identity: what produced the episodes, recorded beside them so a re-run cannot mix models.
     """
 
@@ -94,7 +94,10 @@ def _checkpoint_spec(entry: str, folder: Path, config_overrides: dict[str, Any])
     run_config = OmegaConf.load(config_path)
     model_config = {**OmegaConf.to_container(run_config.model, resolve=True), **config_overrides}
     lora = OmegaConf.select(run_config, "trainer.lora", default=None)
-    lora = OmegaConf.to_container(lora) if lora is not None and lora.enabled else None
+    if lora is not None and lora.enabled:  # with freeze_vision the run put no adapters into the vision tower
+        lora = {**OmegaConf.to_container(lora), "exclude_vision": bool(run_config.trainer.get("freeze_vision", False))}
+    else:
+        lora = None
     iteration = int(checkpoint.name.rsplit("_", 1)[-1]) if checkpoint.name.startswith("iter_") else checkpoint.name
     return ModelSpec(
         label=safe_label(f"{run_dir.name}@iter{iteration}"),
@@ -183,7 +186,7 @@ def load_local_policy(spec: ModelSpec, device: str) -> Any:
     )
     if spec.checkpoint is not None:
         if spec.lora is not None:
-            add_lora(policy.model, **lora_kwargs(spec.lora))
+            add_lora(policy.model, **lora_kwargs(spec.lora), exclude_vision=spec.lora["exclude_vision"])
         load_model(policy.model, str(weights), strict=True)
     policy.model.eval()
     return policy

@@ -22,8 +22,14 @@ def require_peft(option: str) -> None:
         raise ValueError(f"{option}=true needs peft: pip install peft.") from error
 
 
-def add_lora(model: torch.nn.Module, r: int, alpha: int, dropout: float, target_modules: list[str]) -> None:
-    """Inject LoRA layers into `model` and make them the only trainable parameters.
+VISION_MODULES = r"(.*\.)?visual\..*"  # the vision tower's modules (the parameters `is_vision_weight` names)
+
+
+def add_lora(
+    model: torch.nn.Module, r: int, alpha: int, dropout: float, target_modules: list[str], exclude_vision: bool = False
+) -> None:
+    """Inject LoRA layers into `model` and make them the only trainable parameters; with `exclude_vision` none goes
+    into the vision tower (`trainer.freeze_vision`: its MLPs share names such as gate_proj with the language model's).
 
     In-place injection (not a PeftModel wrapper) keeps `model.model`, `get_output_embeddings()` and
     the mRoPE helpers where the trainer, engines and scorer expect them; checkpoints then hold the
@@ -31,7 +37,10 @@ def add_lora(model: torch.nn.Module, r: int, alpha: int, dropout: float, target_
     """
     from peft import LoraConfig, inject_adapter_in_model
 
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules))
+    exclude = VISION_MODULES if exclude_vision else None
+    config = LoraConfig(
+        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), exclude_modules=exclude
+    )
     inject_adapter_in_model(config, model)
     for name, parameter in model.named_parameters():
         parameter.requires_grad_("lora_" in name)

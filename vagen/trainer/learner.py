@@ -171,7 +171,7 @@ class Learner:
             for parameter in self.vision_parameters:
                 parameter.requires_grad_(False)
         if cfg.trainer.lora.enabled:
-            add_lora(self.model, **lora_kwargs(cfg.trainer.lora))
+            add_lora(self.model, **lora_kwargs(cfg.trainer.lora), exclude_vision=cfg.trainer.freeze_vision)
         self.formatter = DialogueFormatter(self.policy.tokenizer, self.policy.image_processor)
         self.engine = build_engine(
             cfg.rollout.engine,
