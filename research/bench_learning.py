@@ -113,6 +113,19 @@ ARMS = {
     # demonstration's reading (as gigpo_meannorm_reason)
     "gigpo_meannorm_freeze_vision_kl": [*FREEZE_VISION, "algorithm.kl_coef=0.05"],
     "gigpo_meannorm_freeze_vision_reason": [*FREEZE_VISION, "++env.kwargs.reasoning_coef=0.5"],
+    # the KL arm training low-rank adapters (LoRA r=8 on every linear layer of the language model) at 10x the lr
+    # instead of all 3.35M weights: RL's few bits per episode fit a small update ("LoRA without regret", Schulman et
+    # al. 2025: LoRA matches full training in RL, at about 10x its lr), and Adam no longer moves millions of
+    # coordinates by about lr per step on noise alone; the KL reference is the base with the adapters off
+    "gigpo_meannorm_freeze_vision_kl_lora": [
+        "algorithm=gigpo",
+        "trainer.lr=1e-3",
+        "algorithm.normalize_std=false",
+        "trainer.freeze_vision=true",
+        "algorithm.kl_coef=0.05",
+        "trainer.lora.enabled=true",
+        "trainer.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
+    ],
     # the KL arm with its new levels kept most at the solver distances where its success is nearest 50%
     "gigpo_meannorm_freeze_vision_kl_frontier": [
         *FREEZE_VISION,
