@@ -673,8 +673,10 @@ def tuned_line(config_dir: str, choice: str | None, cfg: Any) -> str | None:
     """The line a run prints when configs/tuned/<choice>.yaml (train.yaml's `tuned` entry: <env>-<model>-<algorithm>)
     set some of its options: each with the value the run uses (the command line may have overridden it); None where
     no such file exists or `~tuned` dropped it."""
+    if choice is None:
+        return None
     path = Path(config_dir) / "tuned" / f"{choice}.yaml"
-    if choice is None or not path.is_file():
+    if not path.is_file():
         return None
     values = {key: OmegaConf.select(cfg, key) for key in _leaves(OmegaConf.to_container(OmegaConf.load(path)))}
     settings = " ".join(f"{key}={str(v).lower() if isinstance(v, bool) else v}" for key, v in values.items())
