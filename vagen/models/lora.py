@@ -22,7 +22,7 @@ def require_peft(option: str) -> None:
         raise ValueError(f"{option}=true needs peft: pip install peft.") from error
 
 
-VISION_MODULES = r"(.*\.)?visual\..*"  # the vision tower's modules (the parameters `is_vision_weight` names)
+VISION_MODULES = r"(.*\.)?visual\..*"  # the names inside the vision tower: its modules and their parameters
 
 
 def add_lora(

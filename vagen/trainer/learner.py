@@ -20,6 +20,7 @@ the others (`vagen.trainer.data_parallel`).
 from __future__ import annotations
 
 import copy
+import re
 import time
 import warnings
 from collections import defaultdict
@@ -54,7 +55,7 @@ from vagen.engines.base import derive_seed
 from vagen.env import make_env
 from vagen.forward import batched_logprobs, critic_forward, policy_forward
 from vagen.models.checkpointing import enable_gradient_checkpointing, recomputing
-from vagen.models.lora import adapters_disabled, add_lora, lora_kwargs, merged_state_dict
+from vagen.models.lora import VISION_MODULES, adapters_disabled, add_lora, lora_kwargs, merged_state_dict
 from vagen.models.precision import emulated_bf16_warning
 from vagen.models.registry import load_policy, load_processing
 from vagen.models.value import ValueModel
@@ -616,8 +617,9 @@ class Learner:
 
 
 def is_vision_weight(name: str) -> bool:
-    """Whether the parameter `name` (of `named_parameters()`) is the vision tower's (`trainer.freeze_vision`)."""
-    return ".visual." in f".{name}"
+    """Whether the parameter `name` (of `named_parameters()`) is the vision tower's (`trainer.freeze_vision`): inside
+    the modules that LoRA leaves out under it (`VISION_MODULES`)."""
+    return re.fullmatch(VISION_MODULES, name) is not None
 
 
 def relative_change(before: list[torch.Tensor], after: list[torch.Tensor]) -> float:
