@@ -187,15 +187,19 @@ ARMS = {
 Z_95 = 1.959964
 
 
-def training_overrides(arm: str, seed: int, run_dir: Path, iterations: int, episodes: int, extra: list[str]):
-    """The `scripts/train.py` overrides of one run up to `iterations`: the arm and seed, plus only what a benchmark
-    must set (validation size and place, a checkpoint each iteration, resume, quiet logging); these win over `extra`."""
+def training_overrides(
+    arm: str, seed: int, run_dir: Path, iterations: int, horizon: int, episodes: int, extra: list[str]
+) -> list[str]:
+    """The `scripts/train.py` overrides of one run up to `iterations` of a budget of `horizon` iterations: the arm and
+    seed, plus only what a benchmark must set (validation size and place, a checkpoint each iteration, resume, quiet
+    logging, the budget as the end of a learning-rate decay); these win over `extra`."""
     return [
         "~tuned",  # an arm is its overrides on train.yaml's base, whatever configs/tuned/ holds at the time
         *ARMS[arm],
         *extra,
         f"seed={seed}",
         f"trainer.iterations={iterations}",
+        f"trainer.lr_decay_end={horizon}",  # a run goes stage by stage; a decaying schedule spans the whole budget
         f"trainer.eval_episodes={episodes}",
         "trainer.eval_every=1000000000",  # validate at iteration 0 and at the stage's end only
         "trainer.save_every=1",
@@ -215,13 +219,16 @@ def validated_at(run_dir: Path) -> dict[int, dict]:
     return {int(r["step"]): r for r in read_metrics(run_dir) if "val/success" in r}
 
 
-def train_run(arm: str, seed: int, run_dir: Path, iterations: int, episodes: int, threads: int, extra: list[str]):
-    """Bring one run to `iterations` (validated there) in a subprocess on its own torch threads; log to train.out."""
+def train_run(
+    arm: str, seed: int, run_dir: Path, iterations: int, horizon: int, episodes: int, threads: int, extra: list[str]
+) -> None:
+    """Bring one run to `iterations` of `horizon` (validated there) in a subprocess on its own torch threads; log to
+    train.out."""
     if iterations in validated_at(run_dir):
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(ROOT / "scripts" / "train.py")]
-    command += training_overrides(arm, seed, run_dir, iterations, episodes, extra)
+    command += training_overrides(arm, seed, run_dir, iterations, horizon, episodes, extra)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     with open(run_dir / "train.out", "a") as log:
         subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, check=True, cwd=ROOT)
@@ -428,13 +435,14 @@ def main(argv: list[str]) -> None:
     out = Path(options.out).resolve()
     per_iteration = episodes_per_iteration(overrides)
     stages = sorted({max(1, round(e / per_iteration)) for e in eval_at if 0 < e <= budget})
+    horizon = max(1, round(budget / per_iteration))
     threads = max(1, (os.cpu_count() or 1) // jobs)
     runs = {(arm, seed): out / f"{arm}-seed{seed}" for arm in arms for seed in seeds}
     print(f"{len(runs)} runs, stages at {[i * per_iteration for i in stages]} episodes; {out}", flush=True)
     for iteration in stages:
         with ThreadPoolExecutor(jobs) as pool:
             futures = [
-                pool.submit(train_run, arm, seed, run_dir, iteration, episodes, threads, overrides)
+                pool.submit(train_run, arm, seed, run_dir, iteration, horizon, episodes, threads, overrides)
                 for (arm, seed), run_dir in runs.items()
             ]
             for future in futures:

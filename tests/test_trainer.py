@@ -362,6 +362,41 @@ def test_resume_accepts_a_run_folder(tmp_path):
         resume_point(config([*TEXT, f"trainer.resume={tmp_path / 'missing'}"]))
 
 
+def test_lr_factor_worked_values():
+    from vagen.trainer.learner import lr_factor
+
+    linear = [lr_factor(i, 0, "linear", 10, 20) for i in (0, 10, 11, 15, 19, 20, 30)]
+    assert linear == pytest.approx([1, 1, 0.9, 0.5, 0.1, 0, 0])
+    assert lr_factor(15, 0, "cosine", 10, 20) == pytest.approx(0.5)
+    assert lr_factor(12, 0, "cosine", 10, 20) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.2)))
+    assert [lr_factor(i, 4, "constant", 0, 20) for i in (0, 1, 3, 50)] == [0.25, 0.5, 1, 1]
+    assert lr_factor(1, 4, "linear", 0, 2) == pytest.approx(0.5 * 0.5)  # warm-up and decay multiply
+
+
+def logged_lrs(run_dir) -> dict[int, float]:
+    from vagen.logging import read_metrics
+
+    return {int(r["step"]): r["optim/lr"] for r in read_metrics(run_dir) if "optim/lr" in r}
+
+
+def test_lr_schedule_decays_each_iteration_and_a_fork_decays_from_its_checkpoint(tmp_path):
+    """A linear decay over 4 iterations trains at lr·(1, 3/4, 1/2, 1/4). A run resumed from another's checkpoint at
+    iteration 2 with `lr_decay_start=2`, `lr_decay_end=4` keeps lr for iteration 2 and halves it for iteration 3."""
+    decayed = config([*TEXT, "trainer.iterations=4", "trainer.lr=1e-4", "trainer.lr_schedule=linear"], tmp_path / "a")
+    train(decayed)
+    assert list(logged_lrs(decayed.run_dir).values()) == pytest.approx([1e-4, 0.75e-4, 0.5e-4, 0.25e-4])
+    constant = config([*TEXT, "trainer.iterations=2", "trainer.save_every=1"], tmp_path / "b")
+    train(constant)
+    checkpoint = Path(constant.run_dir) / "checkpoints" / "iter_000002"
+    fork = [f"trainer.resume={checkpoint}", "trainer.lr_schedule=cosine", "trainer.lr_decay_start=2"]
+    forked = config([*TEXT, "trainer.iterations=4", *fork, "trainer.lr_decay_end=4"], tmp_path / "c")
+    train(forked)
+    lrs = logged_lrs(forked.run_dir)
+    assert [lrs[step] for step in sorted(lrs)[-2:]] == pytest.approx([1e-4, 0.5e-4])
+    with pytest.raises(ValueError, match="an empty decay"):
+        train(config([*TEXT, "trainer.iterations=4", *fork, "trainer.lr_decay_end=2"], tmp_path / "d"))
+
+
 def test_explained_variance_is_one_number_from_rollout_time_values(monkeypatch):
     """critic/explained_variance = 1 − Var[G − V_old]/Var[G] over the whole batch's sampled tokens, once."""
     from vagen.algos.losses import explained_variance

@@ -177,7 +177,7 @@ def bench_learning():
     return repo_module("research/bench_learning.py")
 
 
-BENCH_ONLY = {"eval_episodes", "eval_every", "iterations", "save_every", "keep_checkpoints", "viz_every"}
+BENCH_ONLY = {"eval_episodes", "eval_every", "iterations", "save_every", "keep_checkpoints", "viz_every", "lr_decay_end"}
 
 
 def assert_same_training(cfg, benched):
@@ -196,7 +196,7 @@ def test_bench_learning_trains_with_the_default_configs():
 
     bench = bench_learning()
     for arm in ("grpo", "starpo_s", "gigpo_plr"):
-        overrides = bench.training_overrides(arm, 1, Path("/tmp/x"), 16, 256, [])
+        overrides = bench.training_overrides(arm, 1, Path("/tmp/x"), 16, 156, 256, [])
         assert_same_training(config(["~tuned", *bench.ARMS[arm], "seed=1"]), config(overrides))
 
 
@@ -209,7 +209,7 @@ def test_the_image_games_defaults_are_the_arm_measured_best(env, arm):
     from pathlib import Path
 
     bench = bench_learning()
-    benched = config([*bench.training_overrides(arm, 0, Path("/tmp/x"), 16, 256, []), f"env={env}"])
+    benched = config([*bench.training_overrides(arm, 0, Path("/tmp/x"), 16, 156, 256, []), f"env={env}"])
     assert_same_training(config([f"env={env}", "run_dir=/tmp/x"]), benched)
 
 
@@ -225,7 +225,7 @@ def test_every_bench_learning_arm_composes_and_passes_the_option_checks():
     for arm, given in bench.ARMS.items():
         games = {game for option, game in only.items() if any(option in o for o in given)}
         for env in games or ("sokoban_text", "frozenlake_visual"):
-            overrides = [*bench.training_overrides(arm, 0, Path("/tmp/x"), 16, 256, []), f"env={env}"]
+            overrides = [*bench.training_overrides(arm, 0, Path("/tmp/x"), 16, 156, 256, []), f"env={env}"]
             check_overrides(str(CONFIG_DIR), "train", overrides)
             validate_config(config(overrides))
 

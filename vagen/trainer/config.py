@@ -42,6 +42,7 @@ CRITIC_ESTIMATORS = ("gae", "bilevel_gae")
 GROUP_ESTIMATORS = ("grpo", "grpo_turn", "gigpo", "drgrpo", "rloo")
 DEVICES = ("auto", "cpu", "cuda")
 OLD_LOGPROBS = ("auto", "recompute", "rollout")
+LR_SCHEDULES = ("constant", "linear", "cosine")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 MAX_SEED = EVAL_SEED_BASE // SEED_STRIDE - 1  # run seed s trains on env seeds s·SEED_STRIDE + k, below evaluation's
 REWARD = "[-1e6, 1e6]"  # rewards are summed, normalised and stored in float32: larger magnitudes swamp the rest
@@ -95,6 +96,11 @@ OPTIONS: dict[str, Option] = {
     "trainer.adam_eps": Option(float, "(0, 1]", "policy AdamW eps (steps are lr·m/(sqrt(v)+eps): a large eps "
                                "makes every update vanish)"),
     "trainer.warmup_iterations": Option(int, "[0, inf)", "linear learning-rate warm-up, in iterations"),
+    "trainer.lr_schedule": Option(str, LR_SCHEDULES, "constant | linear | cosine: the learning rates fall to 0 from "
+                                  "iteration lr_decay_start to lr_decay_end"),
+    "trainer.lr_decay_start": Option(int, "[0, inf)", "iteration where the learning-rate decay begins"),
+    "trainer.lr_decay_end": Option(int | None, "[1, inf)", "iteration where the learning rates reach 0 (null: "
+                                   "trainer.iterations)"),
     "trainer.max_grad_norm": Option(float, "(0, inf)", "gradient clipping norm (0 would zero every update)"),
     "trainer.freeze_vision": Option(bool, "", "keep the vision tower's weights fixed"),
     "trainer.eval_every": Option(int, "[0, inf)", "held-out validation every this many iterations (0 = off)"),
@@ -436,6 +442,13 @@ def _check_optimizer(trainer: Any) -> None:
                 f"trainer.{lr_key}={trainer[lr_key]} times trainer.weight_decay={trainer.weight_decay} must be < 1: "
                 "AdamW multiplies every weight by 1 - lr·weight_decay each step. Lower trainer.weight_decay."
             )
+    end = trainer.iterations if trainer.lr_decay_end is None else trainer.lr_decay_end
+    if trainer.lr_schedule != "constant" and end <= trainer.lr_decay_start:
+        raise ValueError(
+            f"trainer.lr_schedule={trainer.lr_schedule} decays from trainer.lr_decay_start={trainer.lr_decay_start} to "
+            f"iteration {end} (trainer.lr_decay_end, or trainer.iterations where it is null): an empty decay. Set "
+            "trainer.lr_decay_end above trainer.lr_decay_start."
+        )
 
 
 def _check_levels(trainer: Any) -> None:

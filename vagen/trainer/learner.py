@@ -20,12 +20,14 @@ the others (`vagen.trainer.data_parallel`).
 from __future__ import annotations
 
 import copy
+import math
 import re
 import time
 import warnings
 from collections import defaultdict
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +107,18 @@ class UpdateStats:
 
     def means(self) -> dict[str, float]:
         return {name: float(torch.stack(items).nanmean()) for name, items in self.values.items()}
+
+
+def lr_factor(iteration: int, warmup: int, schedule: str, decay_start: int, decay_end: int) -> float:
+    """The learning rates' multiplier in 0-based `iteration`: a linear warm-up over the first `warmup` iterations,
+    times 1 until `decay_start`, then falling (`linear` or `cosine`; `constant` does not fall) to 0 at `decay_end`."""
+    ramp = min(1.0, (iteration + 1) / warmup) if warmup > 0 else 1.0
+    if schedule == "constant" or iteration <= decay_start:
+        return ramp
+    progress = min(1.0, (iteration - decay_start) / (decay_end - decay_start))
+    if schedule == "linear":
+        return ramp * (1.0 - progress)
+    return ramp * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 class NonFiniteTraining(ValueError):
@@ -198,8 +212,14 @@ class Learner:
     # ---- construction --------------------------------------------------------------------
     def _optimizers(self) -> tuple[dict, dict]:
         trainer = self.cfg.trainer
-        warmup = max(trainer.warmup_iterations, 0)
-        ramp = lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        end = trainer.iterations if trainer.lr_decay_end is None else trainer.lr_decay_end
+        factor = partial(
+            lr_factor,
+            warmup=trainer.warmup_iterations,
+            schedule=trainer.lr_schedule,
+            decay_start=trainer.lr_decay_start,
+            decay_end=end,
+        )
         optimizers = {
             "policy": torch.optim.AdamW(
                 self.trainable_parameters(),
@@ -212,7 +232,7 @@ class Learner:
             optimizers["critic"] = torch.optim.AdamW(
                 self.critic.parameters(), lr=trainer.critic_lr, weight_decay=trainer.weight_decay
             )
-        schedulers = {name: torch.optim.lr_scheduler.LambdaLR(opt, ramp) for name, opt in optimizers.items()}
+        schedulers = {name: torch.optim.lr_scheduler.LambdaLR(opt, factor) for name, opt in optimizers.items()}
         return optimizers, schedulers
 
     def reference_scope(self) -> Any:
