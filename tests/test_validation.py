@@ -177,7 +177,15 @@ def bench_learning():
     return repo_module("research/bench_learning.py")
 
 
-BENCH_ONLY = {"eval_episodes", "eval_every", "iterations", "save_every", "keep_checkpoints", "viz_every", "lr_decay_end"}
+BENCH_ONLY = {
+    "eval_episodes",
+    "eval_every",
+    "iterations",
+    "save_every",
+    "keep_checkpoints",
+    "viz_every",
+    "lr_decay_end",
+}
 
 
 def assert_same_training(cfg, benched):
