@@ -442,13 +442,18 @@ def _check_optimizer(trainer: Any) -> None:
                 f"trainer.{lr_key}={trainer[lr_key]} times trainer.weight_decay={trainer.weight_decay} must be < 1: "
                 "AdamW multiplies every weight by 1 - lr·weight_decay each step. Lower trainer.weight_decay."
             )
-    end = trainer.iterations if trainer.lr_decay_end is None else trainer.lr_decay_end
+    end = lr_decay_end(trainer)
     if trainer.lr_schedule != "constant" and end <= trainer.lr_decay_start:
         raise ValueError(
             f"trainer.lr_schedule={trainer.lr_schedule} decays from trainer.lr_decay_start={trainer.lr_decay_start} to "
             f"iteration {end} (trainer.lr_decay_end, or trainer.iterations where it is null): an empty decay. Set "
             "trainer.lr_decay_end above trainer.lr_decay_start."
         )
+
+
+def lr_decay_end(trainer: Any) -> int:
+    """The iteration where a decaying learning rate reaches 0: `trainer.lr_decay_end`, else `trainer.iterations`."""
+    return trainer.iterations if trainer.lr_decay_end is None else trainer.lr_decay_end
 
 
 def _check_levels(trainer: Any) -> None:

@@ -71,7 +71,7 @@ from vagen.rollout import (
 from vagen.rollout.move_probe import ProbeState, check_probeable, probe_states
 from vagen.rollout.validation import eval_seeds, validation_episodes
 from vagen.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from vagen.trainer.config import check_prompt_fits, warn_without_state_key
+from vagen.trainer.config import check_prompt_fits, lr_decay_end, warn_without_state_key
 from vagen.trainer.data_parallel import DataParallel
 from vagen.trainer.memory_plan import plan_run
 
@@ -212,13 +212,12 @@ class Learner:
     # ---- construction --------------------------------------------------------------------
     def _optimizers(self) -> tuple[dict, dict]:
         trainer = self.cfg.trainer
-        end = trainer.iterations if trainer.lr_decay_end is None else trainer.lr_decay_end
         factor = partial(
             lr_factor,
             warmup=trainer.warmup_iterations,
             schedule=trainer.lr_schedule,
             decay_start=trainer.lr_decay_start,
-            decay_end=end,
+            decay_end=lr_decay_end(trainer),
         )
         optimizers = {
             "policy": torch.optim.AdamW(
