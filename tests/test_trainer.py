@@ -373,6 +373,19 @@ def test_lr_factor_worked_values():
     assert lr_factor(1, 4, "linear", 0, 2) == pytest.approx(0.5 * 0.5)  # warm-up and decay multiply
 
 
+def test_lr_decay_start_is_an_iteration_or_a_fraction_of_the_end():
+    from types import SimpleNamespace
+
+    from vagen.trainer.config import lr_decay_start, validate_config
+
+    def start(value, end=156, iterations=40):
+        return lr_decay_start(SimpleNamespace(lr_decay_start=value, lr_decay_end=end, iterations=iterations))
+
+    assert [start(0), start(117), start(117.0), start(0.75), start(0.5, None)] == [0, 117, 117, 117, 20]
+    with pytest.raises(ValueError, match="neither an iteration"):
+        validate_config(config([*TEXT, "trainer.lr_schedule=linear", "trainer.lr_decay_start=1.5"]))
+
+
 def logged_lrs(run_dir) -> dict[int, float]:
     from vagen.logging import read_metrics
 

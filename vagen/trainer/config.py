@@ -98,7 +98,8 @@ OPTIONS: dict[str, Option] = {
     "trainer.warmup_iterations": Option(int, "[0, inf)", "linear learning-rate warm-up, in iterations"),
     "trainer.lr_schedule": Option(str, LR_SCHEDULES, "constant | linear | cosine: the learning rates fall to 0 from "
                                   "iteration lr_decay_start to lr_decay_end"),
-    "trainer.lr_decay_start": Option(int, "[0, inf)", "iteration where the learning-rate decay begins"),
+    "trainer.lr_decay_start": Option(float, "[0, inf)", "iteration where the learning-rate decay begins, or below 1 "
+                                     "a fraction of lr_decay_end (0.75: the last quarter)"),
     "trainer.lr_decay_end": Option(int | None, "[1, inf)", "iteration where the learning rates reach 0 (null: "
                                    "trainer.iterations)"),
     "trainer.max_grad_norm": Option(float, "(0, inf)", "gradient clipping norm (0 would zero every update)"),
@@ -442,18 +443,31 @@ def _check_optimizer(trainer: Any) -> None:
                 f"trainer.{lr_key}={trainer[lr_key]} times trainer.weight_decay={trainer.weight_decay} must be < 1: "
                 "AdamW multiplies every weight by 1 - lr·weight_decay each step. Lower trainer.weight_decay."
             )
-    end = lr_decay_end(trainer)
-    if trainer.lr_schedule != "constant" and end <= trainer.lr_decay_start:
+    start = trainer.lr_decay_start
+    if start >= 1 and start != int(start):
         raise ValueError(
-            f"trainer.lr_schedule={trainer.lr_schedule} decays from trainer.lr_decay_start={trainer.lr_decay_start} to "
-            f"iteration {end} (trainer.lr_decay_end, or trainer.iterations where it is null): an empty decay. Set "
-            "trainer.lr_decay_end above trainer.lr_decay_start."
+            f"trainer.lr_decay_start={start} is neither an iteration (a whole number) nor a fraction of the decay's "
+            "end (below 1). Write an iteration such as 117, or a fraction such as 0.75."
+        )
+    end = lr_decay_end(trainer)
+    if trainer.lr_schedule != "constant" and end <= lr_decay_start(trainer):
+        raise ValueError(
+            f"trainer.lr_schedule={trainer.lr_schedule} decays from iteration {lr_decay_start(trainer)} "
+            f"(trainer.lr_decay_start={start}) to iteration {end} (trainer.lr_decay_end, or trainer.iterations where "
+            "it is null): an empty decay. Set trainer.lr_decay_end above trainer.lr_decay_start."
         )
 
 
 def lr_decay_end(trainer: Any) -> int:
     """The iteration where a decaying learning rate reaches 0: `trainer.lr_decay_end`, else `trainer.iterations`."""
     return trainer.iterations if trainer.lr_decay_end is None else trainer.lr_decay_end
+
+
+def lr_decay_start(trainer: Any) -> int:
+    """The iteration where the decay begins: `trainer.lr_decay_start`, or below 1 that fraction of `lr_decay_end`
+    (rounded), so a decay over the last quarter of any budget is `0.75`."""
+    start = trainer.lr_decay_start
+    return round(start * lr_decay_end(trainer)) if start < 1 else int(start)
 
 
 def _check_levels(trainer: Any) -> None:

@@ -71,7 +71,7 @@ from vagen.rollout import (
 from vagen.rollout.move_probe import ProbeState, check_probeable, probe_states
 from vagen.rollout.validation import eval_seeds, validation_episodes
 from vagen.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from vagen.trainer.config import check_prompt_fits, lr_decay_end, warn_without_state_key
+from vagen.trainer.config import check_prompt_fits, lr_decay_end, lr_decay_start, warn_without_state_key
 from vagen.trainer.data_parallel import DataParallel
 from vagen.trainer.memory_plan import plan_run
 
@@ -216,7 +216,7 @@ class Learner:
             lr_factor,
             warmup=trainer.warmup_iterations,
             schedule=trainer.lr_schedule,
-            decay_start=trainer.lr_decay_start,
+            decay_start=lr_decay_start(trainer),
             decay_end=lr_decay_end(trainer),
         )
         optimizers = {
