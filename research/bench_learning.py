@@ -58,8 +58,10 @@ DEFAULTS = {
 # Every arm states its learning rate and GiGPO normalisation: the arms measured before the defaults became
 # gigpo_meannorm's (2026-11-27) ran at the then defaults, lr 2e-5 and std normalisation, and keep meaning that.
 LR_2E5, STD = "trainer.lr=2e-5", "algorithm.normalize_std=true"
+# the defaults since 2026-11-27 (GiGPO, mean_norm, lr 1e-4), and the base of the arms that add to them
+MEANNORM = ["algorithm=gigpo", "trainer.lr=1e-4", "algorithm.normalize_std=false"]
 # the defaults with the vision tower fixed, and the base of the arms that add to it
-FREEZE_VISION = ["algorithm=gigpo", "trainer.lr=1e-4", "algorithm.normalize_std=false", "trainer.freeze_vision=true"]
+FREEZE_VISION = [*MEANNORM, "trainer.freeze_vision=true"]
 ARMS = {
     "grpo": ["algorithm=grpo", LR_2E5],
     "gigpo": ["algorithm=gigpo", LR_2E5, STD],
@@ -79,7 +81,7 @@ ARMS = {
     "gigpo_nostep": ["algorithm=gigpo", "trainer.lr=1e-4", STD, "env.kwargs.step_penalty=0"],
     # GiGPO's mean_norm variant: advantages in reward units, not divided by the group's std, so groups weigh by their
     # reward spread: a solve/fail difference (10) outweighs a move-count difference (0.1 a move) about 100 times
-    "gigpo_meannorm": ["algorithm=gigpo", "trainer.lr=1e-4", "algorithm.normalize_std=false"],
+    "gigpo_meannorm": MEANNORM,
     # the algorithm presets at the defaults' learning rate, for arms at equal episodes beside gigpo_meannorm
     "grpo_lr1e-4": ["algorithm=grpo", "trainer.lr=1e-4"],
     "starpo_s_lr1e-4": ["algorithm=starpo_s", "trainer.lr=1e-4"],
@@ -91,17 +93,13 @@ ARMS = {
     # reading of the state (a solve is worth 1 in FrozenLake, 10 in Sokoban), so groups whose outcomes do not vary
     # still rank their readings
     "gigpo_meannorm_reason": [
-        "algorithm=gigpo",
-        "trainer.lr=1e-4",
-        "algorithm.normalize_std=false",
+        *MEANNORM,
         "++env.kwargs.reasoning_coef=0.5",  # ++: the text games' yamls (tiny_text's stamped recipe) lack it
     ],
     # the same reward, paid per fact (FrozenLake: the goal's direction and a hole or none on each side), so a reading
     # with one hole missed earns 4/5 where the exact match paid nothing
     "gigpo_meannorm_facts": [
-        "algorithm=gigpo",
-        "trainer.lr=1e-4",
-        "algorithm.normalize_std=false",
+        *MEANNORM,
         "++env.kwargs.reasoning_coef=0.5",
         "++env.kwargs.reasoning_credit=facts",
     ],
@@ -143,41 +141,19 @@ ARMS = {
     ],
     # the defaults with the same anneal (FrozenLake's best arm at 9,984 episodes is the defaults, not the KL arm)
     "gigpo_meannorm_anneal": [
-        "algorithm=gigpo",
-        "trainer.lr=1e-4",
-        "algorithm.normalize_std=false",
+        *MEANNORM,
         "trainer.lr_schedule=linear",
         "trainer.lr_decay_start=0.75",
     ],
     # the defaults trained at the validation's temperature: the update then raises the success of the very policy that
     # is measured (softmax(logits / 0.5)), not of the T=1 policy, whose first gain, sharpening, T=0.5 already has
-    "gigpo_meannorm_t0.5": [
-        "algorithm=gigpo",
-        "trainer.lr=1e-4",
-        "algorithm.normalize_std=false",
-        "rollout.temperature=0.5",
-    ],
-    "gigpo_meannorm_plr": [
-        "algorithm=gigpo",
-        "trainer.lr=1e-4",
-        "algorithm.normalize_std=false",
-        "trainer.level_sampler=plr",
-    ],
+    "gigpo_meannorm_t0.5": [*MEANNORM, "rollout.temperature=0.5"],
+    "gigpo_meannorm_plr": [*MEANNORM, "trainer.level_sampler=plr"],
     # new levels kept most at the solver distances where the policy's success is nearest 50% (levels.FrontierSampler)
-    "gigpo_meannorm_frontier": [
-        "algorithm=gigpo",
-        "trainer.lr=1e-4",
-        "algorithm.normalize_std=false",
-        "trainer.level_sampler=frontier",
-    ],
+    "gigpo_meannorm_frontier": [*MEANNORM, "trainer.level_sampler=frontier"],
     # RAGEN's SNR filter with the defaults: roll 8 groups out, train on the smallest set of highest-spread groups that
     # holds 90% of the spread (at equal rollouts with gigpo_meannorm_plr, which chooses the levels before rolling out)
-    "gigpo_meannorm_top_p": [
-        "algorithm=gigpo",
-        "trainer.lr=1e-4",
-        "algorithm.normalize_std=false",
-        "filter=top_p",
-    ],
+    "gigpo_meannorm_top_p": [*MEANNORM, "filter=top_p"],
     # Sokoban only: per-turn credit from the solver's distance (potential-based shaping, c = 1) with no discount, so a
     # turn answers for what its own moves did to the distance to the solution (r + V*(s') − V*(s) with V* = −distance),
     # not for the later turns' luck, against the group's turns at the same index (grpo_turn)
