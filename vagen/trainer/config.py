@@ -443,18 +443,18 @@ def _check_optimizer(trainer: Any) -> None:
                 f"trainer.{lr_key}={trainer[lr_key]} times trainer.weight_decay={trainer.weight_decay} must be < 1: "
                 "AdamW multiplies every weight by 1 - lr·weight_decay each step. Lower trainer.weight_decay."
             )
-    start = trainer.lr_decay_start
-    if start >= 1 and start != int(start):
+    given = trainer.lr_decay_start
+    if given >= 1 and given != int(given):
         raise ValueError(
-            f"trainer.lr_decay_start={start} is neither an iteration (a whole number) nor a fraction of the decay's "
+            f"trainer.lr_decay_start={given} is neither an iteration (a whole number) nor a fraction of the decay's "
             "end (below 1). Write an iteration such as 117, or a fraction such as 0.75."
         )
-    end = lr_decay_end(trainer)
-    if trainer.lr_schedule != "constant" and end <= lr_decay_start(trainer):
+    start, end = lr_decay_start(trainer), lr_decay_end(trainer)
+    if trainer.lr_schedule != "constant" and end <= start:
         raise ValueError(
-            f"trainer.lr_schedule={trainer.lr_schedule} decays from iteration {lr_decay_start(trainer)} "
-            f"(trainer.lr_decay_start={start}) to iteration {end} (trainer.lr_decay_end, or trainer.iterations where "
-            "it is null): an empty decay. Set trainer.lr_decay_end above trainer.lr_decay_start."
+            f"trainer.lr_schedule={trainer.lr_schedule} decays from iteration {start} (trainer.lr_decay_start={given}) "
+            f"to iteration {end} (trainer.lr_decay_end, or trainer.iterations where it is null): an empty decay. Set "
+            "trainer.lr_decay_end above trainer.lr_decay_start."
         )
 
 
