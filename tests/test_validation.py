@@ -209,7 +209,7 @@ def test_bench_learning_trains_with_the_default_configs():
 
 
 @pytest.mark.parametrize(
-    "env, arm", [("sokoban_visual", "gigpo_meannorm_freeze_vision_kl"), ("frozenlake_visual", "gigpo_meannorm")]
+    "env, arm", [("sokoban_visual", "gigpo_meannorm_freeze_vision_kl"), ("frozenlake_visual", "gigpo_meannorm_anneal")]
 )
 def test_the_image_games_defaults_are_the_arm_measured_best(env, arm):
     """`scripts/train.py env=<game>` (train.yaml plus configs/tuned/) trains exactly as the benchmark arm that
