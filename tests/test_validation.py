@@ -1,6 +1,7 @@
 """Held-out validation inside training: fixed evaluation seeds, deterministic, logged at 0, every k, and the end."""
 
 import json
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -11,6 +12,7 @@ from vagen.logging import read_metrics
 from vagen.rollout.move_probe import optimal_first_actions
 from vagen.rollout.trajectory import Trajectory, Turn
 from vagen.rollout.validation import EVAL_SEED_BASE, eval_seeds, reading_metrics, wilson_interval
+from vagen.trainer.checkpoint import latest_checkpoint, read_state
 from vagen.trainer.run import held_out_line, train
 from vagen.trainer.starpo import SEED_STRIDE, StarPOTrainer
 
@@ -170,6 +172,59 @@ def test_run_validates_at_start_every_k_and_end_and_prints_the_held_out_line(tmp
     train(config([*overrides, "trainer.iterations=4"], tmp_path))
     assert len(read_metrics(run_dir)) == len(records)
     assert line in capsys.readouterr().out.splitlines()
+    # The checkpoint keeps every validation's outcome per level, by iteration, across the resume.
+    history = read_state(latest_checkpoint(run_dir))["val_history"]
+    assert sorted(history) == [0, 2, 3, 4] and all(sorted(h) == eval_seeds(6) for h in history.values())
+    assert [sum(history[k].values()) / 6 for k in (0, 2, 3, 4)] == [
+        r["val/success"] for r in records if "val/success" in r
+    ]
+
+
+def test_compare_runs_pairs_each_pair_and_the_mean_run_by_level(monkeypatch):
+    """Hand-computed: pair 0 gains on levels 1 and 3 of 4 (+50 [-6.6, +106.6]: differences 1, 0, 1, 0), pair 1 on
+    none; the mean run gains 0.5 on levels 1 and 3 (+25 [-3.3, +53.3]). Without a, each b run meets its iteration 0."""
+    compare_runs = repo_module("research/compare_runs.py")
+    runs = {
+        "a0": {0: {1: 0.0, 2: 1.0, 3: 0.0, 4: 1.0}, 10: {1: 0.0, 2: 1.0, 3: 0.0, 4: 1.0}},
+        "a1": {0: {1: 0.0, 2: 1.0, 3: 0.0, 4: 1.0}, 10: {1: 1.0, 2: 1.0, 3: 0.0, 4: 0.0}},
+        "b0": {0: {1: 0.0, 2: 1.0, 3: 0.0, 4: 1.0}, 10: {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0}, 20: {1: 1, 2: 1, 3: 1, 4: 1}},
+        "b1": {0: {1: 0.0, 2: 1.0, 3: 0.0, 4: 1.0}, 10: {1: 1.0, 2: 1.0, 3: 0.0, 4: 0.0}},
+    }
+    monkeypatch.setattr(compare_runs, "validations", lambda run: runs[run.name])
+    a, b = [Path("a0"), Path("a1")], [Path("b0"), Path("b1")]
+    table = compare_runs.compare(a, b, -1, -1)
+    assert table.startswith("b at iteration 10 against a at iteration 10")  # the latest both b runs validated
+    assert "| 0 | a0 | b0 | 50.0% | 100.0% | +50.0 pts [-6.6, +106.6] over 4 levels |" in table
+    assert "| 1 | a1 | b1 | 50.0% | 50.0% | +0.0 pts [+0.0, +0.0] over 4 levels |" in table
+    assert table.endswith("The mean run: 50.0% -> 75.0%, +25.0 pts [-3.3, +53.3] over 4 levels.")
+    assert "| 0 | b0 | b0 | 50.0% | 100.0% | +50.0 pts" in compare_runs.compare([], b, 10, -1)  # against iteration 0
+    with pytest.raises(ValueError, match=r"b0 has no validation at iteration 5 .*it has \[0, 10, 20\]"):
+        compare_runs.compare(a, b, 5, 10)
+    with pytest.raises(ValueError, match="a= names 1 runs and b= 2"):
+        compare_runs.compare(a[:1], b, -1, -1)
+
+
+def test_compare_runs_reads_checkpoints_saved_before_the_validation_history(tmp_path, monkeypatch):
+    """A checkpoint without `val_history` still gives its start and its last validation, whose iteration comes from
+    the run's metrics (the validation logged last at or before the checkpoint)."""
+    compare_runs = repo_module("research/compare_runs.py")
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "iter_000005").mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"step": 0, "val/success": 0.5},
+                {"step": 4, "val/success": 1.0},
+                {"step": 5, "loss": 1.0},
+                {"step": 6, "val/success": 0.0},
+            ]
+        )
+    )
+    state = {"iteration": 5, "initial_outcomes": {1: 0.0, 2: 1.0}, "val_outcomes": {1: 1.0, 2: 1.0}}
+    monkeypatch.setattr(compare_runs, "latest_checkpoint", lambda run: run / "checkpoints" / "iter_000005")
+    monkeypatch.setattr(compare_runs, "read_state", lambda path: state)
+    assert compare_runs.validations(run_dir) == {0: {1: 0.0, 2: 1.0}, 4: {1: 1.0, 2: 1.0}}
 
 
 def bench_learning():

@@ -502,6 +502,27 @@ def _load_module(name: str, module: torch.nn.Module, file: Path, checkpoint: Pat
         ) from error
 
 
+def _loop_state(path: Path, marker: dict[str, Any]) -> Any:
+    """The checkpoint's state.pt, checked to be of the iteration its (verified) marker names."""
+    state = _torch_load(path / "state.pt", path)
+    saved_iteration = state.get("iteration", marker["iteration"]) if isinstance(state, dict) else marker["iteration"]
+    if saved_iteration != marker["iteration"]:
+        raise ValueError(
+            f"Checkpoint {path}: its state.pt is of iteration {saved_iteration} but its {MARKER_FILENAME} says "
+            f"{marker['iteration']}, so the folder was renamed and its marker edited. Fix: move {path} out of the "
+            f"run folder and {_previous_hint(path)}."
+        )
+    return state
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """The loop `state` a checkpoint holds, verified like every load but restoring nothing: what an analysis of a run
+    reads (e.g. `val_history`, each validation's success per held-out level). Raises ValueError as `load_checkpoint`
+    does for an incomplete or corrupt checkpoint."""
+    path = Path(path)
+    return _loop_state(path, verify_checkpoint(path))
+
+
 def load_checkpoint(
     path: Path,
     *,
@@ -522,14 +543,7 @@ def load_checkpoint(
     _check_names("modules", saved_modules, set(modules), path)
     optimizer_states = _torch_load(path / "optimizers.pt", path)
     scheduler_states = _torch_load(path / "schedulers.pt", path)
-    state = _torch_load(path / "state.pt", path)
-    saved_iteration = state.get("iteration", marker["iteration"]) if isinstance(state, dict) else marker["iteration"]
-    if saved_iteration != marker["iteration"]:
-        raise ValueError(
-            f"Checkpoint {path}: its state.pt is of iteration {saved_iteration} but its {MARKER_FILENAME} says "
-            f"{marker['iteration']}, so the folder was renamed and its marker edited. Fix: move {path} out of the "
-            f"run folder and {_previous_hint(path)}."
-        )
+    state = _loop_state(path, marker)
     rng_states = _torch_load(path / "rng.pt", path)
     _check_names("optimizers", set(optimizer_states), set(optimizers), path)
     _check_names("schedulers", set(scheduler_states), set(schedulers), path)

@@ -131,6 +131,7 @@ class StarPOTrainer:
         self.initial_val: dict[str, float] = {}  # val/ metrics before training (for the held-out line)
         self.val_outcomes: dict[int, float] = {}  # the last validation's success per held-out seed
         self.initial_outcomes: dict[int, float] = {}  # the same before training (the held-out line pairs them)
+        self.val_history: dict[int, dict[int, float]] = {}  # every validation's val_outcomes, by iteration
         self.learner = learner if learner is not None else build_learner(cfg)
 
     # ---- one iteration -------------------------------------------------------------------
@@ -226,9 +227,11 @@ class StarPOTrainer:
     def validate(self) -> dict[str, float]:
         """`val/` metrics: the current policy on `trainer.eval_episodes` fixed held-out seeds (deterministic),
         `trainer.eval_samples` times each, with the first-move probe. Each seed's success rate stays in
-        `val_outcomes` (the held-out line pairs them by level)."""
+        `val_outcomes` (the held-out line pairs them by level) and in `val_history` under this iteration (the
+        checkpoints carry it: `research/compare_runs.py` pairs two runs' validations by level)."""
         episodes = self.learner.play_held_out(range(self.cfg.trainer.eval_episodes))
         self.val_outcomes = success_by_level(episodes)
+        self.val_history[self.iteration] = self.val_outcomes
         reading = reading_metrics(lambda: make_env(self.cfg.env.id, **self.cfg.env.kwargs), episodes)
         return validation_metrics(episodes) | reading | self.learner.move_probe()
 
@@ -256,6 +259,7 @@ class StarPOTrainer:
             "initial_val": self.initial_val,
             "initial_outcomes": self.initial_outcomes,
             "val_outcomes": self.val_outcomes,
+            "val_history": self.val_history,
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -264,6 +268,7 @@ class StarPOTrainer:
         self.initial_val = dict(state.get("initial_val", {}))
         self.initial_outcomes = dict(state.get("initial_outcomes", {}))  # absent in checkpoints before 2026-11-27
         self.val_outcomes = dict(state.get("val_outcomes", {}))
+        self.val_history = {int(k): dict(v) for k, v in state.get("val_history", {}).items()}  # since 2026-11-30
         self.monitor.load_state_dict(state.get("diagnostics", {}))
 
     def fingerprint(self) -> dict[str, Any]:
