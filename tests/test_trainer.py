@@ -13,6 +13,7 @@ from hydra import compose, initialize_config_dir
 
 from vagen.trainer import learner as learner_module
 from vagen.trainer import starpo
+from vagen.trainer.checkpoint import latest_checkpoint
 from vagen.trainer.learner import Learner
 from vagen.trainer.run import train, trained
 from vagen.trainer.starpo import StarPOTrainer
@@ -426,6 +427,40 @@ def test_explained_variance_is_one_number_from_rollout_time_values(monkeypatch):
     trainer = StarPOTrainer(config([*TEXT, "algorithm=ppo", "trainer.groups=2", "trainer.group_size=4"]))
     metrics = trainer.train_iteration()
     assert metrics["critic/explained_variance"] == pytest.approx(float(seen["expected"]), nan_ok=True)
+
+
+def test_the_critic_starts_at_its_first_batchs_mean_return_and_a_resumed_run_does_not_restart_it(tmp_path, monkeypatch):
+    """Before its first update the zero-initialised critic says V = 0; the first batch's values are its mean return at
+    V = 0 on every sampled token (the head's bias, its weight still 0). Later iterations, and a run resumed from a
+    checkpoint, keep the trained critic."""
+    scored = []
+    original = Learner.score
+
+    def recording(self, batch, *args):
+        out = original(self, batch, *args)
+        scored.append(out)
+        return out
+
+    monkeypatch.setattr(Learner, "score", recording)
+    overrides = [*TEXT, "algorithm=ppo", "trainer.groups=2", "trainer.group_size=4", "trainer.save_every=1"]
+    trainer = StarPOTrainer(config([*overrides, "trainer.iterations=2"], tmp_path))
+    assert trainer.learner.critic.untrained()
+    trainer.train_iteration()
+    (first,) = scored
+    mask = first.response_mask.bool()
+    # algorithm=ppo is token-level GAE with γ = λ = 1: at V = 0 each sampled token's return is its reward-to-go
+    rewards = first.token_rewards * mask
+    reward_to_go = rewards.flip(1).cumsum(1).flip(1)
+    mean_return = float(reward_to_go[mask].mean())
+    assert mean_return != 0
+    assert first.old_values[mask] == pytest.approx(torch.full((int(mask.sum()),), mean_return), abs=1e-6)
+    assert (first.old_values[~mask] == 0).all() and not trainer.learner.critic.untrained()
+    trainer.train_iteration()
+    assert not torch.allclose(scored[1].old_values[scored[1].response_mask.bool()], torch.tensor(mean_return))
+    trainer.save(keep_last=1)
+    resumed = StarPOTrainer(config([*overrides, "trainer.iterations=3"], tmp_path))
+    resumed.restore(latest_checkpoint(resumed.run_dir))
+    assert not resumed.learner.critic.untrained()
 
 
 @pytest.mark.parametrize("overrides", [TEXT, VISUAL], ids=["text", "visual"])

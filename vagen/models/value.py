@@ -24,7 +24,18 @@ class ValueModel(torch.nn.Module):
         self.config = policy.config
         hidden = policy.get_output_embeddings().in_features
         self.value_head = torch.nn.Linear(hidden, 1)
-        # Zero init: the first values are 0, so early advantages are plain reward-to-go.
+        # Zero init: V = 0 everywhere until the learner starts it at its first batch's mean return (`start_at`).
         torch.nn.init.zeros_(self.value_head.weight)
         torch.nn.init.zeros_(self.value_head.bias)
         self.value_head.to(next(self.model.parameters()).dtype)
+
+    def untrained(self) -> bool:
+        """Whether the value head is still all zeros (V = 0 for every state): never started nor trained. A checkpoint
+        restores a trained head, so a resumed run is never started again."""
+        return not any(bool(p.detach().any()) for p in self.value_head.parameters())
+
+    @torch.no_grad()
+    def start_at(self, value: float) -> None:
+        """V = `value` for every state (the head's bias; its weight stays zero): a data-dependent start at the mean
+        return, as one starts a regression's last bias at its targets' mean."""
+        self.value_head.bias.fill_(value)

@@ -40,6 +40,7 @@ from vagen.algos.advantages import (
     AdvantageInputs,
     AdvantageParams,
     anchor_group_stats,
+    masked_mean,
     masked_whiten,
 )
 from vagen.algos.losses import (
@@ -420,14 +421,17 @@ class Learner:
             if self.reference is not None:
                 with self.reference_scope():
                     ref_logprobs = logprobs_of(self.reference, mine)
-            old_values = None
-            if self.critic is not None:
-                old_values = torch.zeros(batch.input_ids.shape)
-                with torch.no_grad():
-                    for rows in batch.micro_batches(mine, self.micro_batch_size):
-                        values = critic_forward(self.critic, batch.select(rows), processor).float().cpu()
-                        old_values[rows, : values.shape[1]] = values
-                parallel.sum_(old_values)
+
+        def critic_values() -> torch.Tensor:
+            """[B, T] V(s_t) on the sampled tokens, zeros elsewhere, summed over replicas."""
+            values = torch.zeros(batch.input_ids.shape)
+            with self._autocast(), torch.no_grad():
+                for rows in batch.micro_batches(mine, self.micro_batch_size):
+                    scored = critic_forward(self.critic, batch.select(rows), processor).float().cpu()
+                    values[rows, : scored.shape[1]] = scored
+            return parallel.sum_(values)
+
+        old_values = critic_values() if self.critic is not None else None
         inputs = AdvantageInputs(
             token_rewards=batch.token_rewards,
             response_mask=batch.response_mask,
@@ -444,7 +448,15 @@ class Learner:
             step_weight=algo.step_weight,
             normalize_std=algo.normalize_std,
         )
-        advantages, returns = ADVANTAGE_ESTIMATORS.get(algo.advantage)(inputs, params)
+        estimator = ADVANTAGE_ESTIMATORS.get(algo.advantage)
+        if self.critic is not None and self.critic.untrained():
+            # A critic that has never learned says V = 0 everywhere, where Sokoban's returns lie between -1 and 10:
+            # start it at this batch's mean return (the returns at V = 0), so that its first steps fit how returns
+            # differ between states rather than their mean, which Adam at critic_lr takes hundreds of steps to reach.
+            self.critic.start_at(float(masked_mean(estimator(inputs, params)[1], batch.response_mask)))
+            old_values = critic_values()
+            inputs = replace(inputs, values=old_values)
+        advantages, returns = estimator(inputs, params)
         if algo.whiten_advantages:
             advantages = masked_whiten(advantages, batch.response_mask)
         if algo.advantage_min is not None:
