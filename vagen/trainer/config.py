@@ -173,7 +173,7 @@ OPTIONS: dict[str, Option] = {
     "algorithm.entropy_coef": Option(float, "[0, inf)", "entropy bonus (a negative one would push entropy down)"),
     "algorithm.kl_coef": Option(float, "[0, inf)", "KL-to-reference weight (0 removes the reference model)"),
     "algorithm.kl_kind": Option(str, KL_ESTIMATORS.names, "KL estimator"),
-    "algorithm.value_clip": Option(float, "(0, inf)", "clipped value loss range (critic only)"),
+    "algorithm.value_clip": Option(float | None, "(0, inf)", "clipped value loss range (critic only; null = off)"),
     # ---- filter ------------------------------------------------------------------------------------------------
     "filter.strategy": Option(str, FILTER_STRATEGIES.names, "group filter by reward spread"),
     "filter.value": Option(float, "(-inf, inf)", "the strategy's parameter (the strategy checks its range)"),
