@@ -449,7 +449,7 @@ class Learner:
             normalize_std=algo.normalize_std,
         )
         estimator = ADVANTAGE_ESTIMATORS.get(algo.advantage)
-        if self.critic is not None and self.critic.untrained():
+        if self.critic is not None and self._every_replica(self.critic.untrained()):
             # A critic that has never learned says V = 0 everywhere, where Sokoban's returns lie between -1 and 10:
             # start it at this batch's mean return (the returns at V = 0), so that its first steps fit how returns
             # differ between states rather than their mean, which Adam at critic_lr takes hundreds of steps to reach.
@@ -473,6 +473,11 @@ class Learner:
             advantages=advantages,
             value_targets=value_targets,
         )
+
+    def _every_replica(self, flag: bool) -> bool:
+        """Whether `flag` holds on every data-parallel replica: a choice that changes which collectives run must be
+        the same everywhere (replicas agree unless their weights diverged, which the non-finite check then reports)."""
+        return int(self.data_parallel.sum_(torch.tensor([float(flag)])).item()) == self.data_parallel.world
 
     def backward(
         self, mb: TokenBatch, whole_mask: torch.Tensor, stats: UpdateStats, fresh: torch.Tensor
