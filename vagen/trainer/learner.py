@@ -450,7 +450,7 @@ class Learner:
         )
         estimator = ADVANTAGE_ESTIMATORS.get(algo.advantage)
         if self.critic is not None and self._every_replica(self.critic.untrained()):
-            # A critic that has never learned says V = 0 everywhere, where Sokoban's returns lie between -1 and 10:
+            # A critic that has never learned says V = 0 everywhere, where Sokoban's returns run from below 0 to 10:
             # start it at this batch's mean return (the returns at V = 0), so that its first steps fit how returns
             # differ between states rather than their mean, which Adam at critic_lr takes hundreds of steps to reach.
             self.critic.start_at(float(masked_mean(estimator(inputs, params)[1], batch.response_mask)))
