@@ -216,8 +216,9 @@ def test_failing_api_call_is_recorded_not_fatal_and_retried_on_resume(tmp_path):
     assert again[("flaky", "frozenlake_visual")]["episodes"] == 2
 
 
-def test_run_folder_and_checkpoint_are_models(tmp_path):
+def test_run_folder_and_checkpoint_are_models(tmp_path, monkeypatch):
     from vagen.eval.models import load_local_policy, resolve_models
+    from vagen.models import registry
     from vagen.trainer.checkpoint import save_checkpoint
 
     model_cfg = OmegaConf.load(CONFIG_DIR / "model" / "tiny_vl_test.yaml")
@@ -241,8 +242,18 @@ def test_run_folder_and_checkpoint_are_models(tmp_path):
         policy.model.state_dict().items(), loaded.model.state_dict().values(), strict=True
     ):
         assert torch.equal(expected, actual), name
-    # A training still running in the folder rotates checkpoints out between resolving and loading.
-    (run_dir / "checkpoints" / "iter_000007" / "modules" / "policy.safetensors").unlink()
+    # A training still running in the folder rotates checkpoints out while the model is being built, or before.
+    weights = run_dir / "checkpoints" / "iter_000007" / "modules" / "policy.safetensors"
+    build = registry.load_policy
+
+    def rotated_while_building(*args, **kwargs):
+        weights.rename(weights.with_suffix(".moved"))
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(registry, "load_policy", rotated_while_building)
+    with pytest.raises(ValueError, match="iter_000007 is gone: a training still running"):
+        load_local_policy(from_run, "cpu")
+    monkeypatch.setattr(registry, "load_policy", build)
     with pytest.raises(ValueError, match="iter_000007 is gone: a training still running"):
         load_local_policy(from_run, "cpu")
 

@@ -166,11 +166,12 @@ def load_local_policy(spec: ModelSpec, device: str) -> Any:
     config = spec.model_config
     assert config is not None, "local specs carry a model config"
     weights = None if spec.checkpoint is None else Path(spec.checkpoint) / "modules" / "policy.safetensors"
+    gone = ValueError(
+        f"Checkpoint {spec.checkpoint} is gone: a training still running in that folder keeps only its last "
+        "trainer.keep_checkpoints checkpoints. Evaluate a copy of the checkpoint folder, or the finished run."
+    )
     if weights is not None and not weights.exists():  # it was there when the models were resolved
-        raise ValueError(
-            f"Checkpoint {spec.checkpoint} is gone: a training still running in that folder keeps only its last "
-            "trainer.keep_checkpoints checkpoints. Evaluate a copy of the checkpoint folder, or the finished run."
-        )
+        raise gone
     if spec.checkpoint is not None:
         from vagen.trainer.checkpoint import verify_checkpoint
 
@@ -187,7 +188,10 @@ def load_local_policy(spec: ModelSpec, device: str) -> Any:
     if spec.checkpoint is not None:
         if spec.lora is not None:
             add_lora(policy.model, **lora_kwargs(spec.lora), exclude_vision=spec.lora["exclude_vision"])
-        load_model(policy.model, str(weights), strict=True)
+        try:
+            load_model(policy.model, str(weights), strict=True)
+        except FileNotFoundError:  # rotated out while the model was being built
+            raise gone from None
     policy.model.eval()
     return policy
 
