@@ -157,6 +157,13 @@ def resolve_models(
     return specs
 
 
+def _checkpoint_gone(checkpoint: str) -> ValueError:
+    return ValueError(
+        f"Checkpoint {checkpoint} is gone: a training still running in that folder keeps only its last "
+        "trainer.keep_checkpoints checkpoints. Evaluate a copy of the checkpoint folder, or the finished run."
+    )
+
+
 def load_local_policy(spec: ModelSpec, device: str) -> Any:
     """Build the spec's model (and load its checkpoint's policy weights); returns a `vagen.models.registry.Policy`."""
     from safetensors.torch import load_model
@@ -166,12 +173,8 @@ def load_local_policy(spec: ModelSpec, device: str) -> Any:
     config = spec.model_config
     assert config is not None, "local specs carry a model config"
     weights = None if spec.checkpoint is None else Path(spec.checkpoint) / "modules" / "policy.safetensors"
-    gone = ValueError(
-        f"Checkpoint {spec.checkpoint} is gone: a training still running in that folder keeps only its last "
-        "trainer.keep_checkpoints checkpoints. Evaluate a copy of the checkpoint folder, or the finished run."
-    )
     if weights is not None and not weights.exists():  # it was there when the models were resolved
-        raise gone
+        raise _checkpoint_gone(spec.checkpoint)
     if spec.checkpoint is not None:
         from vagen.trainer.checkpoint import verify_checkpoint
 
@@ -191,7 +194,7 @@ def load_local_policy(spec: ModelSpec, device: str) -> Any:
         try:
             load_model(policy.model, str(weights), strict=True)
         except FileNotFoundError:  # rotated out while the model was being built
-            raise gone from None
+            raise _checkpoint_gone(spec.checkpoint) from None
     policy.model.eval()
     return policy
 
