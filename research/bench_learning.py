@@ -169,6 +169,14 @@ ARMS = {
     # is measured (softmax(logits / 0.5)), not of the T=1 policy, whose first gain, sharpening, T=0.5 already has
     "gigpo_meannorm_t0.5": [*MEANNORM, "rollout.temperature=0.5"],
     "gigpo_meannorm_plr": [*MEANNORM, "trainer.level_sampler=plr"],
+    # FrozenLake's best arm (the anneal) with prioritised level replay: its curve stops at about 5,000 episodes as the
+    # groups whose 8 episodes agree rise from 4 to 5.4 of 8; replaying the levels whose groups varied keeps signal
+    "gigpo_meannorm_anneal_plr": [
+        *MEANNORM,
+        "trainer.lr_schedule=linear",
+        "trainer.lr_decay_start=0.75",
+        "trainer.level_sampler=plr",
+    ],
     # new levels kept most at the solver distances where the policy's success is nearest 50% (levels.FrontierSampler)
     "gigpo_meannorm_frontier": [*MEANNORM, "trainer.level_sampler=frontier"],
     # RAGEN's SNR filter with the defaults: roll 8 groups out, train on the smallest set of highest-spread groups that
