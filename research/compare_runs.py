@@ -7,16 +7,21 @@ an unpaired interval's width, cancels. This prints, for each pair of runs, the c
 is counted once).
 
 Options:
-  b=DIR,DIR,...   the runs to measure (run folders of scripts/train.py or research/bench_learning.py)
+  b=DIR,DIR,...   the runs to measure (run folders of scripts/train.py or research/bench_learning.py, or a file that
+                  save= wrote, which stands for all the runs it holds, in order)
   a=DIR,DIR,...   the runs to compare them with, paired in order (the same training seed on both sides, as a rule);
                   empty (the default): each b run against its own validation at iteration 0, the warm start
   at=N            the iteration of b's validations (-1, the default: the latest that every b run validated)
   at_a=N          the iteration of a's validations (-1, the default: as at; 0 where a is empty)
+  save=FILE.json  also write the b runs' validations per level, every iteration of them, to FILE.json (a few tens of
+                  kB): a later comparison can then pair against these runs after their folders and checkpoints are
+                  gone (docs/runs/ keeps the ones docs/learning.md reports)
 
 Examples:
   two arms at their budget:   a=out/armA-seed0,out/armA-seed1 b=out/armB-seed0,out/armB-seed1
   a run against itself:       a=out/arm-seed0 at_a=117 b=out/arm-seed0 at=156
   a fork against its source:  a=runs/constant b=runs/annealed
+  against runs kept as a file: a=docs/runs/<arm>.json b=out/armB-seed0,out/armB-seed1,out/armB-seed2
 
 Each run's latest checkpoint is read (verified, nothing restored). Checkpoints saved before 2026-11-30 hold only
 the validation at iteration 0 and the last one (its iteration read from the run's metrics.jsonl).
@@ -24,16 +29,26 @@ the validation at iteration 0 and the last one (its iteration read from the run'
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from vagen.cli import script_options
 from vagen.logging import read_metrics
 from vagen.rollout.validation import paired_change
 from vagen.trainer.checkpoint import latest_checkpoint, read_state
 
-DEFAULTS = {"a": "", "b": "", "at": -1, "at_a": -1}
+DEFAULTS = {"a": "", "b": "", "at": -1, "at_a": -1, "save": ""}
+SAVED_FORMAT = "vagen.compare_runs/1"
+
+
+class Run(NamedTuple):
+    """One run's validations: its name (the run folder's) and each validation's success per level, by iteration."""
+
+    name: str
+    history: dict[int, dict[int, float]]
 
 
 def validations(run_dir: Path) -> dict[int, dict[int, float]]:
@@ -53,13 +68,61 @@ def validations(run_dir: Path) -> dict[int, dict[int, float]]:
     return history
 
 
-def pick(history: dict[int, dict[int, float]], iteration: int, run_dir: Path) -> dict[int, float]:
-    if iteration not in history:
+def save_runs(runs: list[Run], path: Path) -> None:
+    """Write `runs` to `path` as JSON: per run, the held-out levels once and each validation's outcomes in their
+    order. Two runs of one name would be told apart by nothing, so that is refused."""
+    names = [run.name for run in runs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"save= would hold two runs of one name ({names}); save them to separate files.")
+    saved = {}
+    for run in runs:
+        levels = sorted(set().union(*run.history.values()))
+        saved[run.name] = {
+            "levels": levels,
+            "history": {str(i): [run.history[i].get(k) for k in levels] for i in sorted(run.history)},
+        }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"format": SAVED_FORMAT, "runs": saved}, separators=(",", ":")) + "\n")
+
+
+def read_saved(path: Path) -> list[Run]:
+    """The runs a `save_runs` file holds, in their saved order."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} cannot be read as runs saved by compare_runs.py save= ({error}).") from None
+    if not isinstance(data, dict) or data.get("format") != SAVED_FORMAT:
+        raise ValueError(f"{path} is not a file of compare_runs.py save= (no format {SAVED_FORMAT!r}).")
+    try:
+        return [
+            Run(name, {int(i): level_outcomes(run["levels"], outcomes) for i, outcomes in run["history"].items()})
+            for name, run in data["runs"].items()
+        ]
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise ValueError(f"{path} is damaged: {error!r}; save it again from the run folders.") from None
+
+
+def level_outcomes(levels: list[int], outcomes: list[float | None]) -> dict[int, float]:
+    """One saved validation as {level: success}; None marks a level that validation did not play."""
+    return {int(k): float(v) for k, v in zip(levels, outcomes, strict=True) if v is not None}
+
+
+def load_runs(text: str) -> list[Run]:
+    """The runs of a comma-separated list of run folders and saved files."""
+    runs = []
+    for part in filter(None, text.split(",")):
+        path = Path(part)
+        runs += read_saved(path) if path.suffix == ".json" else [Run(path.name, validations(path))]
+    return runs
+
+
+def pick(run: Run, iteration: int) -> dict[int, float]:
+    if iteration not in run.history:
         raise ValueError(
-            f"{run_dir} has no validation at iteration {iteration} in its latest checkpoint (it has "
-            f"{sorted(history) or 'none'}); choose one of those with at= / at_a=."
+            f"{run.name} has no validation at iteration {iteration} (it has {sorted(run.history) or 'none'}); "
+            "choose one of those with at= / at_a=."
         )
-    return history[iteration]
+    return run.history[iteration]
 
 
 def pct(value: float) -> str:
@@ -71,18 +134,16 @@ def change(before: dict[int, float], after: dict[int, float]) -> str:
     return f"{mean * 100:+.1f} pts [{low * 100:+.1f}, {high * 100:+.1f}] over {levels} levels"
 
 
-def compare(a: list[Path], b: list[Path], at: int, at_a: int) -> str:
+def compare(a: list[Run], b: list[Run], at: int, at_a: int) -> str:
     """The markdown table of the pairs' changes b − a by level and the mean run's."""
     if not b:
         raise ValueError("b= names no runs; give the run folders to measure, comma-separated.")
     if a and len(a) != len(b):
         raise ValueError(f"a= names {len(a)} runs and b= {len(b)}; they pair in order, so give as many of each.")
-    b_histories = [validations(run) for run in b]
     if at < 0:
-        at = max(set.intersection(*(set(h) for h in b_histories)), default=-1)
+        at = max(set.intersection(*(set(run.history) for run in b)), default=-1)
         if at < 0:
             raise ValueError("the b runs share no validated iteration; pick one with at=.")
-    a_histories = [validations(run) for run in a] if a else b_histories
     at_a = (at if a else 0) if at_a < 0 else at_a
     a_runs = a or b
     lines = [
@@ -92,8 +153,8 @@ def compare(a: list[Path], b: list[Path], at: int, at_a: int) -> str:
         "|---|---|---|---|---|---|",
     ]
     befores, afters = [], []
-    for index, (run_a, run_b, history_a, history_b) in enumerate(zip(a_runs, b, a_histories, b_histories, strict=True)):
-        before, after = pick(history_a, at_a, run_a), pick(history_b, at, run_b)
+    for index, (run_a, run_b) in enumerate(zip(a_runs, b, strict=True)):
+        before, after = pick(run_a, at_a), pick(run_b, at)
         befores.append(before)
         afters.append(after)
         lines.append(
@@ -111,11 +172,12 @@ def compare(a: list[Path], b: list[Path], at: int, at_a: int) -> str:
 def main(argv: list[str]) -> None:
     options, _ = script_options(argv, DEFAULTS, overrides=False, required={"b": "outputs/runs/<run>"})
 
-    def runs(text: str) -> list[Path]:
-        return [Path(part) for part in text.split(",") if part]
-
     try:
-        print(compare(runs(options.a), runs(options.b), int(options.at), int(options.at_a)))
+        b = load_runs(options.b)
+        print(compare(load_runs(options.a), b, int(options.at), int(options.at_a)))
+        if options.save:
+            save_runs(b, Path(options.save))
+            print(f"\nsaved the b runs' validations to {options.save}")
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -180,7 +180,7 @@ def test_run_validates_at_start_every_k_and_end_and_prints_the_held_out_line(tmp
     ]
 
 
-def test_compare_runs_pairs_each_pair_and_the_mean_run_by_level(monkeypatch):
+def test_compare_runs_pairs_each_pair_and_the_mean_run_by_level():
     """Hand-computed: pair 0 gains on levels 1 and 3 of 4 (+50 [-6.6, +106.6]: differences 1, 0, 1, 0), pair 1 on
     none; the mean run gains 0.5 on levels 1 and 3 (+25 [-3.3, +53.3]). Without a, each b run meets its iteration 0."""
     compare_runs = repo_module("research/compare_runs.py")
@@ -190,8 +190,7 @@ def test_compare_runs_pairs_each_pair_and_the_mean_run_by_level(monkeypatch):
         "b0": {0: {1: 0.0, 2: 1.0, 3: 0.0, 4: 1.0}, 10: {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0}, 20: {1: 1, 2: 1, 3: 1, 4: 1}},
         "b1": {0: {1: 0.0, 2: 1.0, 3: 0.0, 4: 1.0}, 10: {1: 1.0, 2: 1.0, 3: 0.0, 4: 0.0}},
     }
-    monkeypatch.setattr(compare_runs, "validations", lambda run: runs[run.name])
-    a, b = [Path("a0"), Path("a1")], [Path("b0"), Path("b1")]
+    a, b = [compare_runs.Run(n, runs[n]) for n in ("a0", "a1")], [compare_runs.Run(n, runs[n]) for n in ("b0", "b1")]
     table = compare_runs.compare(a, b, -1, -1)
     assert table.startswith("b at iteration 10 against a at iteration 10")  # the latest both b runs validated
     assert "| 0 | a0 | b0 | 50.0% | 100.0% | +50.0 pts [-6.6, +106.6] over 4 levels |" in table
@@ -202,6 +201,37 @@ def test_compare_runs_pairs_each_pair_and_the_mean_run_by_level(monkeypatch):
         compare_runs.compare(a, b, 5, 10)
     with pytest.raises(ValueError, match="a= names 1 runs and b= 2"):
         compare_runs.compare(a[:1], b, -1, -1)
+
+
+def test_compare_runs_saves_runs_to_a_file_that_stands_for_them_later(tmp_path, monkeypatch):
+    """save= keeps each run's every validation per level (a level one validation did not play stays absent), and the
+    file in a= or b= is those runs, in order: the comparison against it equals the one against the run folders. Seed 1
+    by hand: levels 7 and 8 paired, differences +1 and -1, so +0 pts and 1.96 * sqrt(2) / sqrt(2) = 196 pts each way."""
+    compare_runs = repo_module("research/compare_runs.py")
+    histories = {
+        "arm-seed0": {0: {7: 0.0, 8: 1.0, 9: 0.5}, 16: {7: 1.0, 8: 1.0, 9: 0.5}},
+        "arm-seed1": {0: {7: 0.0, 8: 1.0, 9: 0.5}, 16: {7: 1.0, 8: 0.0}},
+    }
+    monkeypatch.setattr(compare_runs, "validations", lambda run: histories[run.name])
+    folders = f"{tmp_path}/arm-seed0,{tmp_path}/arm-seed1"
+    saved = tmp_path / "kept" / "arm.json"
+    compare_runs.save_runs(compare_runs.load_runs(folders), saved)
+    from_file = compare_runs.load_runs(str(saved))
+    assert [(run.name, run.history) for run in from_file] == list(histories.items())
+    against_start = compare_runs.compare([], from_file, -1, -1)  # each run against its own iteration 0
+    assert against_start.startswith("b at iteration 16 against a at iteration 0 (the b runs themselves)")
+    assert compare_runs.compare(from_file, from_file, 16, 0).splitlines()[1:] == against_start.splitlines()[1:]
+    assert "| 1 | arm-seed1 | arm-seed1 | 50.0% | 50.0% | +0.0 pts [-196.0, +196.0] over 2 levels |" in against_start
+    other = compare_runs.load_runs(f"{saved},{tmp_path}/arm-seed0")  # a file and a folder in one list
+    assert [run.name for run in other] == ["arm-seed0", "arm-seed1", "arm-seed0"]
+    with pytest.raises(ValueError, match="two runs of one name"):
+        compare_runs.save_runs(other, tmp_path / "twice.json")
+    saved.write_text('{"format": "vagen.compare_runs/1", "runs": {"x": {"levels": [1, 2], "history": {"0": [1]}}}}')
+    with pytest.raises(ValueError, match="is damaged"):
+        compare_runs.load_runs(str(saved))
+    saved.write_text("{}")
+    with pytest.raises(ValueError, match=r"not a file of compare_runs\.py save="):
+        compare_runs.load_runs(str(saved))
 
 
 def test_compare_runs_reads_checkpoints_saved_before_the_validation_history(tmp_path, monkeypatch):
@@ -255,7 +285,6 @@ def test_bench_learning_trains_with_the_default_configs():
     """bench_learning's runs differ from `scripts/train.py ~tuned algorithm=X` only in the arm and in what a benchmark
     must set (validation size and place, checkpoints, resume, logging): an arm means its overrides on train.yaml's
     base, whatever configs/tuned/ adds to the defaults later."""
-    from pathlib import Path
 
     bench = bench_learning()
     for arm in ("grpo", "starpo_s", "gigpo_plr"):
@@ -269,7 +298,6 @@ def test_bench_learning_trains_with_the_default_configs():
 def test_the_image_games_defaults_are_the_arm_measured_best(env, arm):
     """`scripts/train.py env=<game>` (train.yaml plus configs/tuned/) trains exactly as the benchmark arm that
     docs/learning.md measured best on that game."""
-    from pathlib import Path
 
     bench = bench_learning()
     benched = config([*bench.training_overrides(arm, 0, Path("/tmp/x"), 16, 156, 256, []), f"env={env}"])
@@ -279,7 +307,6 @@ def test_the_image_games_defaults_are_the_arm_measured_best(env, arm):
 def test_every_bench_learning_arm_composes_and_passes_the_option_checks():
     """Each arm is a command line a benchmark runs unattended for hours: it must compose, with the game it is written
     for, and pass the checks `scripts/train.py` makes before any model loads (a typo fails here, not mid-benchmark)."""
-    from pathlib import Path
 
     from vagen.trainer.config import check_overrides, validate_config
 
