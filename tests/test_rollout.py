@@ -1,5 +1,7 @@
 """The multi-turn agent loop with a real tiny Qwen2.5-VL, the transformers engine and real envs."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -243,3 +245,7 @@ def test_micro_batches_put_dialogues_of_similar_length_together():
     assert [chunk.tolist() for chunk in chunks] == [[1, 7, 5], [2, 0, 6], [4]]
     # The forwards compute 3·9 + 3·5 + 1·1 positions instead of 3·5 + 3·8 + 1·9 in the given order.
     assert sum(len(c) * int(lengths[c].max()) for c in chunks) == 43
+    # A group's rows stay together (their shared first prompt then runs once), the group of the longest row first.
+    grouped = dataclasses.replace(batch, group_index=torch.tensor([0, 1, 0, 2, 3, 1, 3, 2]))
+    chunks = grouped.micro_batches(torch.arange(8), 4)  # the groups 0-3 are at most 5, 9, 9 and 2 long
+    assert [chunk.tolist() for chunk in chunks] == [[1, 5, 3, 7], [2, 0, 6, 4]]

@@ -687,8 +687,10 @@ def test_old_logprobs_auto_takes_the_rollouts_only_where_the_engine_samples_the_
 @pytest.mark.parametrize("overrides", [[*TEXT, "algorithm=ppo"], VISUAL], ids=["text-ppo", "visual"])
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients(overrides, monkeypatch):
     """trainer.gradient_checkpointing recomputes each layer in backward (its forward runs twice) and changes no
-    number: losses and gradients of the update equal those without it (fp32, 1e-5); rollout is untouched."""
+    number: losses and gradients of the update equal those without it (fp32, 1e-5); rollout is untouched. Both run
+    every row whole: a checkpointed layer keeps no cache, so shared first prompts are not run once there."""
     grads = record_step_gradients(monkeypatch)
+    monkeypatch.setattr("vagen.forward.shared_prefix", lambda model, batch: None)
     plain = StarPOTrainer(config(overrides))
     recomputed = StarPOTrainer(config([*overrides, "trainer.gradient_checkpointing=true"]))
     batch = starpo.trajectories_to_batch(plain.rollout(), pad_token_id=plain.learner.policy.tokenizer.pad_token_id or 0)
@@ -793,3 +795,57 @@ def test_a_non_finite_update_stops_before_the_step_and_names_the_intact_checkpoi
         name: [s["step"].item() for s in opt.state.values()] for name, opt in trainer.learner.optimizers.items()
     }
     assert latest_checkpoint(run_dir) == saved and all(path.read_bytes() == data for path, data in files.items())
+
+
+GRID_TEXT = ["env=frozenlake_text", "model=tiny_text_test", *FAST]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [GRID_TEXT, VISUAL, [*VISUAL, "trainer.group_size=3", "env.kwargs.max_turns=3"]],
+    ids=["text", "visual", "turns"],
+)
+def test_shared_first_prompts_run_once_and_give_the_whole_rows_numbers(overrides):
+    """A group's rollouts open with one first prompt (its ids and its image): `backbone_hidden` runs it once per
+    group and continues every row from its keys and values. The hidden states of every real position and the gradients
+    equal the whole rows' pass to float rounding, and so do the log-probs the update trains on."""
+    from vagen.forward import backbone_hidden, policy_forward, shared_prefix
+
+    trainer = StarPOTrainer(config(overrides))
+    learner = trainer.learner
+    batch = starpo.trajectories_to_batch(trainer.rollout(), pad_token_id=learner.policy.tokenizer.pad_token_id or 0)
+    representatives, index, images = shared_prefix(learner.model, batch)
+    assert index.tolist() == batch.group_index.tolist()  # one prefix per group: its level's first observation
+    assert len(representatives) == trainer.cfg.trainer.groups
+    assert images == [1 if "visual" in trainer.cfg.env.name else 0] * len(batch)
+    real = batch.attention_mask.bool()
+    results = []
+    for share in (True, False):
+        learner.model.zero_grad()
+        hidden = backbone_hidden(learner.model, learner.model.model, batch, learner.policy.processor, share=share)
+        (hidden[real].square().sum()).backward()
+        grads = [p.grad.clone() for p in learner.model.parameters() if p.grad is not None]
+        results.append((hidden[real].detach(), grads))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
+    assert len(results[0][1]) == len(results[1][1]) > 0
+    for got, want in zip(results[0][1], results[1][1], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+    logprobs, _ = policy_forward(learner.model, batch, learner.policy.processor)
+    torch.testing.assert_close(logprobs, batch.rollout_logprobs, rtol=0, atol=1e-4)
+
+
+def test_a_prefix_is_shared_by_the_rows_that_agree_in_it_and_nowhere_else():
+    """Rows share a prefix exactly where their ids before the first sampled token agree: one row per group shares
+    none (nothing to run once), and a row whose first sampled token comes later has a prefix of its own."""
+    from vagen.forward import shared_prefix
+
+    trainer = StarPOTrainer(config(GRID_TEXT))
+    batch = starpo.trajectories_to_batch(trainer.rollout(), pad_token_id=0)
+    _, index, _ = shared_prefix(trainer.learner.model, batch)
+    assert index.tolist() == batch.group_index.tolist()
+    one_per_group = batch.select(torch.tensor([batch.group_index.tolist().index(g) for g in range(2)]))
+    assert shared_prefix(trainer.learner.model, one_per_group) is None
+    shifted = dataclasses.replace(batch, response_mask=batch.response_mask.clone())
+    shifted.response_mask[0, int(shifted.response_mask[0].nonzero()[0])] = 0  # row 0 samples from one token later
+    _, index, _ = shared_prefix(trainer.learner.model, shifted)
+    assert index.tolist() == [0, *[i + 1 for i in batch.group_index.tolist()[1:]]]

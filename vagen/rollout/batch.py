@@ -58,12 +58,17 @@ class TokenBatch:
         return self.input_ids.shape[0]
 
     def micro_batches(self, rows: torch.Tensor, size: int) -> list[torch.Tensor]:
-        """`rows` in chunks of at most `size`, longest dialogues first. Each chunk's forward is trimmed to its own
-        longest dialogue (`select`), so grouping dialogues of similar length cuts the padding that is computed;
-        the sum of the chunks' losses, and so the gradient, does not depend on the grouping."""
+        """`rows` in chunks of at most `size`: a group's rows together (they share their first prompt, which the
+        forward then runs once: `vagen.forward.backbone_hidden`), the groups with the longest dialogues first, and
+        inside a group the longest first. Each chunk's forward is trimmed to its own longest dialogue (`select`), so
+        keeping dialogues of similar length together cuts the padding that is computed; the sum of the chunks'
+        losses, and so the gradient, does not depend on the grouping."""
         rows = torch.as_tensor(rows, dtype=torch.long)
-        by_length = rows[torch.argsort(self.attention_mask[rows].sum(dim=1), descending=True, stable=True)]
-        return [by_length[start : start + size] for start in range(0, len(by_length), size)]
+        lengths, groups = self.attention_mask[rows].sum(dim=1), self.group_index[rows]
+        longest = {int(g): int(lengths[groups == g].max()) for g in groups.unique()}
+        order = sorted(range(len(rows)), key=lambda i: (-longest[int(groups[i])], int(groups[i]), -int(lengths[i])))
+        ordered = rows[torch.tensor(order, dtype=torch.long)]
+        return [ordered[start : start + size] for start in range(0, len(ordered), size)]
 
     def select(self, rows: torch.Tensor | list[int]) -> TokenBatch:
         """The sub-batch of the given rows, trimmed to its longest dialogue."""
