@@ -124,6 +124,7 @@ def backbone_hidden(
     device = inputs["input_ids"].device
     representatives, index = representatives.to(device), index.to(device)
     ids, positions = inputs["input_ids"], inputs["position_ids"]
+    images_per_row = [len(row) for row in batch.images]
     real = batch.attention_mask.to(device).sum(dim=1)
     lengths = (batch.response_mask > 0).float().argmax(dim=1).to(device)  # [B] each row's prefix length
     width, rest = int(lengths.max()), int((real - lengths).max())
@@ -136,7 +137,7 @@ def backbone_hidden(
         attention_mask=None if bool(prefix_real.all()) else prefix_real.long(),
         position_ids=taken(positions[..., representatives, :], prefix_cols),
         use_cache=True,
-        **image_rows(inputs, [len(r) for r in batch.images], [(int(p), 0, prefix_images[p]) for p in representatives]),
+        **image_rows(inputs, images_per_row, [(int(p), 0, prefix_images[p]) for p in representatives]),
     )
     cache = output_cache(prefix)
     cache.batch_select_indices(index)  # each row's copy of its prefix's keys and values (backward sums the copies)
@@ -150,11 +151,7 @@ def backbone_hidden(
         position_ids=taken(positions, rest_cols),
         use_cache=True,
         **cache_inputs(backbone, cache),
-        **image_rows(
-            inputs,
-            [len(r) for r in batch.images],
-            [(r, n, len(i)) for r, (n, i) in enumerate(zip(prefix_images, batch.images, strict=True))],
-        ),
+        **image_rows(inputs, images_per_row, [(r, n, images_per_row[r]) for r, n in enumerate(prefix_images)]),
     )
     # Back in place: a row's column c < L_r comes from its prefix (at width - L_r + c), the others from its rest.
     both = torch.cat([prefix.last_hidden_state[index], suffix.last_hidden_state], dim=1)
