@@ -11,7 +11,7 @@ images up to the first sampled token) run that prefix once (`backbone_hidden`): 
 every row that continues it, and backward sums each row's gradient into the one prefix, as the separate copies would.
 The prompt is most of a dialogue (FrozenLake: 203 of 232 tokens; Sokoban: 257 of 491), so the batch's forward and
 backward do that much less arithmetic; outputs and gradients agree with the per-row pass to float rounding
-(tests/test_forward.py).
+(tests/test_trainer.py::test_shared_first_prompts_run_once_and_give_the_whole_rows_numbers).
 """
 
 from __future__ import annotations
