@@ -378,3 +378,72 @@ def test_grouped_query_attention_without_copies_gives_the_same_numbers(vl_model,
     assert torch.equal(grads[0][0], grads[1][0])
     for a, b in zip(grads[0][1], grads[1][1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * float(a.abs().max()))
+
+
+def next_turns(contexts: list[Context], generations: list[Generation], image_processor) -> list[Context]:
+    """Each dialogue's next turn, as the rollout builds it: the prompt, the sampled reply, then an observation (text,
+    and in image dialogues a new image)."""
+    turns = []
+    for k, (context, generation) in enumerate(zip(contexts, generations, strict=True)):
+        reply, images = [20 + k, 21], []
+        if context.images:
+            images = [Image.new("RGB", (28 + 14 * k, 28), (40 * k, 90, 200))]
+            reply = [*reply, *image_block(images[0], image_processor), 22]
+        turns.append(Context(context.token_ids + generation.token_ids + reply, context.images + images))
+    return turns
+
+
+def prefill_widths(model, call) -> list[int]:
+    """The widths of the multi-token forwards (prefills) that `call()` runs through `model`."""
+    widths = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda module, args, out: widths.append(args[0].shape))
+    try:
+        call()
+    finally:
+        hook.remove()
+    return [shape[1] for shape in widths if shape[1] > 1]
+
+
+@pytest.mark.parametrize("kind", ["text", "image"])
+def test_a_next_turn_runs_only_its_new_tokens_and_samples_as_its_whole_prompt(
+    kind, text_model, vl_model, image_processor
+):
+    """The engine keeps each call's keys and values: a context that continues a row of the last call (the next turn
+    of its dialogue) runs only its tokens and images after that row. It samples the same ids with the same log-probs
+    as the whole prompt run from scratch. A context that agrees with a row in its ids but not in an image's pixels,
+    or continues nothing, runs whole."""
+    model, processor = (text_model, None) if kind == "text" else (vl_model, image_processor)
+    first = text_contexts() if kind == "text" else [*vl_contexts(image_processor)[:2], text_contexts()[3]]
+    sampling = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3, stop_token_ids=[2, 3, 4, 5, 6, 7])
+    kept, whole = HFEngine(model, processor), HFEngine(model, processor, keep_cache=False)
+    generations = kept.generate(first, sampling)
+    assert_same_generations(generations, whole.generate(first, sampling))
+    turns = next_turns(first, generations, image_processor)
+    if kind == "image":  # the first dialogue again, its first image recoloured: same ids, other pixels
+        turns.append(Context(turns[0].token_ids, [Image.new("RGB", (56, 56), (0, 0, 0)), *turns[0].images[1:]]))
+    turns.append(text_contexts(lengths=(7,), seed=9)[0])  # a dialogue that continues nothing
+    got: list[Generation] = []
+    widths = prefill_widths(model, lambda: got.extend(kept.generate(turns, sampling)))
+    assert_same_generations(got, whole.generate(turns, sampling))
+    continuing = len(first)
+    new_tokens = [
+        len(turns[k].token_ids) - len(first[k].token_ids) - len(generations[k].token_ids) + 1 for k in range(continuing)
+    ]
+    assert widths == [max(len(c.token_ids) for c in turns[continuing:]), max(new_tokens)]
+
+
+def test_kept_rows_are_dropped_when_the_weights_change(text_model):
+    """An optimizer step (any in-place write) between two calls: the next turn runs its whole prompt, under the new
+    weights, exactly as an engine that keeps nothing samples it."""
+    model = Qwen2ForCausalLM(text_model.config).eval()
+    model.load_state_dict(text_model.state_dict())
+    engine = HFEngine(model)
+    first = text_contexts()
+    turns = next_turns(first, engine.generate(first, GREEDY), None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    model(torch.tensor([turns[0].token_ids])).logits.sum().backward()
+    optimizer.step()
+    got: list[Generation] = []
+    widths = prefill_widths(model, lambda: got.extend(engine.generate(turns, GREEDY)))
+    assert widths == [max(len(c.token_ids) for c in turns)]
+    assert_same_generations(got, HFEngine(model, keep_cache=False).generate(turns, GREEDY), atol=0)

@@ -66,6 +66,9 @@ class ScriptedEngine:
     def generate(self, contexts, sampling: SamplingParams) -> list[Generation]:
         return [Generation(list(self.ids), [0.0] * len(self.ids), "length") for _ in contexts]
 
+    def forget(self) -> None:
+        pass
+
 
 @pytest.mark.parametrize(
     "text",

@@ -24,6 +24,9 @@ class RecordingEngine:
         self.calls.append((sampling.seed, len(contexts)))
         return self.engine.generate(contexts, sampling)
 
+    def forget(self):
+        self.engine.forget()
+
 
 @pytest.fixture(scope="module")
 def tiny_vl():

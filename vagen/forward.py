@@ -16,7 +16,6 @@ backward do that much less arithmetic; outputs and gradients agree with the per-
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import torch
@@ -25,6 +24,7 @@ from vagen.algos.losses import entropy_from_logits
 from vagen.models.checkpointing import checkpointed_layers
 from vagen.models.inputs import (
     cache_inputs,
+    image_key,
     image_model_inputs,
     output_cache,
     placeholder_token_ids,
@@ -76,7 +76,7 @@ def shared_prefix(model: torch.nn.Module, batch: TokenBatch) -> tuple[torch.Tens
         prefix = ids[:length]
         # one image per run of image tokens (the processor puts vision start / end tokens between two images)
         count = sum(1 for k, t in enumerate(prefix) if t == image_id and (k == 0 or prefix[k - 1] != image_id))
-        pixels = tuple((i.mode, i.size, hashlib.sha1(i.tobytes()).digest()) for i in batch.images[row][:count])
+        pixels = tuple(image_key(image) for image in batch.images[row][:count])
         index.append(keys.setdefault((tuple(prefix), pixels), len(keys)))
         images.append(count)
     if len(keys) == len(batch):

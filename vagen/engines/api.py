@@ -321,6 +321,9 @@ class ApiEngine:
             "sampling) for evaluation, or use the 'hf' or 'vllm' engine for training."
         )
 
+    def forget(self) -> None:
+        """Nothing to drop: a server keeps no state of ours between calls."""
+
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         raise NotImplementedError(
             "The api engine cannot change a served model's weights; reload them on the server, "

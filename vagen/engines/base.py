@@ -168,6 +168,11 @@ class Engine(Protocol):
         """Make the engine sample from these weights (called after every trainer update)."""
         ...
 
+    def forget(self) -> None:
+        """Drop what the engine keeps between calls for the dialogues to go on (the hf engine's keys and values of
+        the last turn): a rollout calls it once its dialogues are over, so nothing is held through the update."""
+        ...
+
 
 ENGINES: Registry[type[Engine]] = Registry("engine")
 

@@ -21,18 +21,19 @@ Weights: the engine samples from the very module it was given. When the trainer 
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from vagen.engines.base import ENGINES, Context, EngineSource, Generation, SamplingParams, context_seeds
 from vagen.models.inputs import (
     cache_inputs,
     eval_mode,
+    image_key,
     image_model_inputs,
     mrope_index_fn,
     output_cache,
@@ -59,8 +60,7 @@ def distinct_contexts(contexts: list[Context]) -> tuple[list[Context], list[int]
     index: dict[tuple, int] = {}
     unique, copy_of_row = [], []
     for context in contexts:
-        pixels = tuple((image.mode, image.size, hashlib.sha1(image.tobytes()).digest()) for image in context.images)
-        key = (tuple(context.token_ids), pixels)
+        key = (tuple(context.token_ids), tuple(image_key(image) for image in context.images))
         if key not in index:
             index[key] = len(unique)
             unique.append(context)
@@ -96,6 +96,69 @@ def reserve_decode_room(cache: Any, extra: int) -> None:
     for index, layer in enumerate(cache.layers):
         if type(layer) is DynamicLayer and layer.is_initialized:
             cache.layers[index] = ReservedLayer(layer, extra)
+
+
+@dataclass
+class KeptRow:
+    """A row of the engine's last call, kept for a context of the next call that continues it (the next turn of
+    its dialogue): its tokens (the prompt and the generated tokens that went through the model), its images' keys
+    and `image_grid_thw` rows, and where its keys and values sit in the KV cache of the batch it decoded in."""
+
+    token_ids: tuple[int, ...]
+    image_keys: tuple
+    grid: torch.Tensor | None
+    cache: Any
+    row: int
+    columns: torch.Tensor
+
+
+class KeptRows:
+    """The rows of one `generate` call, looked up by the longest kept row a context begins with. They belong to the
+    weights they were computed with (`weights_fingerprint`) and to no others."""
+
+    def __init__(self, weights: tuple) -> None:
+        self.weights = weights
+        self.by_length: dict[int, dict[tuple[int, ...], KeptRow]] = {}
+
+    def add(self, row: KeptRow) -> None:
+        self.by_length.setdefault(len(row.token_ids), {})[row.token_ids] = row
+
+    def find(self, context: Context, image_keys: tuple) -> KeptRow | None:
+        """The longest kept row that `context` continues by at least one token, in its ids and its images."""
+        for length in sorted(self.by_length, reverse=True):
+            if length < len(context.token_ids):
+                row = self.by_length[length].get(tuple(context.token_ids[:length]))
+                if row is not None and image_keys[: len(row.image_keys)] == row.image_keys:
+                    return row
+        return None
+
+
+def weights_fingerprint(model: torch.nn.Module) -> tuple:
+    """Changes whenever a parameter does: an optimizer step, `load_state_dict` or any in-place write bumps the
+    tensor's version counter, and `.to()` gives it new storage."""
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+
+def keepable(cache: Any) -> bool:
+    """Whether every layer of `cache` holds each position's keys and values (full attention), so that a row can be
+    continued from them."""
+    return all(type(layer) in (DynamicLayer, ReservedLayer) and layer.is_initialized for layer in cache.layers)
+
+
+def gathered_cache(starts: list[KeptRow], width: int) -> DynamicCache:
+    """A cache of the kept rows' keys and values, one row each, each left-padded to `width` positions."""
+    cache = DynamicCache()
+    for index in range(len(starts[0].cache.layers)):
+        first = starts[0].cache.layers[index].keys
+        shape = (len(starts), first.shape[1], width, first.shape[3])
+        keys, values = first.new_zeros(shape), first.new_zeros(shape)
+        for row, start in enumerate(starts):
+            layer = start.cache.layers[index]
+            n = len(start.columns)
+            keys[row, :, width - n :] = layer.keys[start.row].index_select(1, start.columns)
+            values[row, :, width - n :] = layer.values[start.row].index_select(1, start.columns)
+        cache.update(keys, values, index)
+    return cache
 
 
 def restrict_to_top_k(scores: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -170,14 +233,28 @@ class HFEngine:
     model: a `PreTrainedModel`; generation runs on its device and in its dtype.
     processor: tokenizer or multimodal processor; only its `image_processor` is used (for images).
     max_batch_size: most contexts in one forward; None puts every context of a call in one batch.
+    keep_cache: keep each call's keys and values, so that a context of the next call that continues one of its rows
+        (the next turn of a dialogue: the prompt, the sampled reply, the new observation) runs only its new tokens
+        and new images; kept rows are dropped when the weights change (`weights_fingerprint`). False runs every
+        prompt whole and holds no memory between calls.
     """
 
-    def __init__(self, model: torch.nn.Module, processor: Any = None, max_batch_size: int | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        processor: Any = None,
+        max_batch_size: int | None = None,
+        keep_cache: bool = True,
+    ) -> None:
         if max_batch_size is not None and (not isinstance(max_batch_size, int) or max_batch_size < 1):
             raise ValueError(f"max_batch_size must be a positive int or None, got {max_batch_size!r}.")
+        if not isinstance(keep_cache, bool):
+            raise ValueError(f"keep_cache must be true or false, got {keep_cache!r}.")
         self.model = model
         self.processor = processor
         self.max_batch_size = max_batch_size
+        self.keep_cache = keep_cache
+        self._kept: KeptRows | None = None
         self._accepts_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     @classmethod
@@ -202,6 +279,10 @@ class HFEngine:
             return  # shared module: the trainer's update is already what we sample from
         self.model.load_state_dict(dict(state_dict), strict=True)
 
+    def forget(self) -> None:
+        """Drop the kept rows (`keep_cache`): no later context continues them."""
+        self._kept = None
+
     def generate(self, contexts: list[Context], sampling: SamplingParams) -> list[Generation]:
         """One `Generation` per context, same order; see the module docstring for batching."""
         if not contexts:
@@ -209,21 +290,33 @@ class HFEngine:
         for index, context in enumerate(contexts):
             self._check_context(index, context)
         uniforms = row_uniforms(contexts, sampling)
+        image_keys = [tuple(image_key(image) for image in context.images) for context in contexts]
+        weights = weights_fingerprint(self.model)
+        kept = self._kept if self._kept is not None and self._kept.weights == weights else None
+        self._kept = None
+        starts = [None if kept is None else kept.find(c, k) for c, k in zip(contexts, image_keys, strict=True)]
+        keep = KeptRows(weights) if self.keep_cache else None
         results: list[Generation | None] = [None] * len(contexts)
         with torch.no_grad(), eval_mode(self.model):
-            for indices in self._micro_batches(contexts):
+            fresh = [i for i, start in enumerate(starts) if start is None]
+            continuing = [i for i, start in enumerate(starts) if start is not None]
+            for indices in self._micro_batches(contexts, fresh) + self._micro_batches(contexts, continuing):
                 batch = [contexts[i] for i in indices]
                 draws = None if uniforms is None else uniforms[indices]
-                for i, generation in zip(indices, self._generate_batch(batch, sampling, draws), strict=True):
+                generations = self._generate_batch(
+                    batch, sampling, draws, [starts[i] for i in indices], [image_keys[i] for i in indices], keep
+                )
+                for i, generation in zip(indices, generations, strict=True):
                     results[i] = generation
+        self._kept = keep
         return results  # type: ignore[return-value]
 
-    def _micro_batches(self, contexts: list[Context]) -> list[list[int]]:
-        """Indices of each micro-batch; when splitting, similar lengths go together to save padding."""
-        size = self.max_batch_size or len(contexts)
-        if size >= len(contexts):
-            return [list(range(len(contexts)))]
-        by_length = sorted(range(len(contexts)), key=lambda i: len(contexts[i].token_ids))
+    def _micro_batches(self, contexts: list[Context], indices: list[int]) -> list[list[int]]:
+        """`indices` in micro-batches; when splitting, similar lengths go together to save padding."""
+        size = self.max_batch_size or len(indices)
+        if size >= len(indices):
+            return [indices] if indices else []
+        by_length = sorted(indices, key=lambda i: len(contexts[i].token_ids))
         return [by_length[start : start + size] for start in range(0, len(by_length), size)]
 
     def _check_context(self, index: int, context: Context) -> None:
@@ -274,19 +367,17 @@ class HFEngine:
             inputs["logits_to_keep"] = 1  # only the last position's logits are needed: saves (B, L, V) memory
         return self.model(use_cache=True, **inputs)
 
-    def _generate_batch(
-        self, batch: list[Context], sampling: SamplingParams, uniforms: torch.Tensor | None
-    ) -> list[Generation]:
-        """Prefill the left-padded prompts, then decode all rows together until each stops or hits the limit.
+    def _pad_id(self) -> int:
+        return 1 if getattr(self.model.config, "image_token_id", None) == 0 else 0  # any id but the image pad
+
+    def _prefill(self, batch: list[Context]) -> tuple[Any, torch.Tensor, torch.Tensor, list[torch.Tensor | None]]:
+        """The prompts' forward: (output, attention mask, rope delta, each row's `image_grid_thw` rows).
 
         Identical prompts (a GRPO group's N rollouts of one state) are prefilled once and their KV cache, last
         logits, mask and positions copied to every row that shares them: the same numbers, N times less work.
         """
-        device = self.device
-        image_token_id = getattr(self.model.config, "image_token_id", None)
-        pad_id = 1 if image_token_id == 0 else 0  # any id but the image pad: the mask hides it
         unique, copy_of_row = distinct_contexts(batch)
-        input_ids, attention_mask = left_pad(unique, pad_id, device)
+        input_ids, attention_mask = left_pad(unique, self._pad_id(), self.device)
         image_inputs = self._image_inputs(unique, input_ids)
         position_ids, rope_delta = prompt_position_ids(
             self.model, input_ids, attention_mask, image_inputs.get("image_grid_thw")
@@ -294,11 +385,66 @@ class HFEngine:
         output = self._forward(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **image_inputs
         )
+        grids = _split_grid(image_inputs.get("image_grid_thw"), unique)
         if len(unique) < len(batch):
-            rows = torch.tensor(copy_of_row, dtype=torch.long, device=device)
+            rows = torch.tensor(copy_of_row, dtype=torch.long, device=self.device)
             output_cache(output).batch_select_indices(rows)
             output.logits = output.logits[rows]
             attention_mask, rope_delta = attention_mask[rows], rope_delta[rows]
+        return output, attention_mask, rope_delta, [grids[i] for i in copy_of_row]
+
+    def _continue(
+        self, batch: list[Context], starts: list[KeptRow]
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, list[torch.Tensor | None]]:
+        """`_prefill` for contexts that continue kept rows: each row runs only its tokens (and images) after its kept
+        row, attending to the kept keys and values. The batch is [kept part | new part], each left-padded, so a row
+        may hold pads between its two parts; the mask hides them and the positions are the whole context's."""
+        device, pad_id = self.device, self._pad_id()
+        cached = [len(start.token_ids) for start in starts]
+        new = [
+            Context(c.token_ids[n:], c.images[len(s.image_keys) :])
+            for c, n, s in zip(batch, cached, starts, strict=True)
+        ]
+        width = max(cached)
+        cache = gathered_cache(starts, width)
+        new_ids, new_mask = left_pad(new, pad_id, device)
+        cached_mask = torch.arange(width, device=device) >= width - torch.tensor(cached, device=device)[:, None]
+        attention_mask = torch.cat([cached_mask.long(), new_mask], dim=1)
+        image_inputs = self._image_inputs(new, new_ids)
+        new_grids = _split_grid(image_inputs.get("image_grid_thw"), new)
+        grids = [
+            None if old is None and added is None else torch.cat([g for g in (old, added) if g is not None])
+            for old, added in zip((s.grid for s in starts), new_grids, strict=True)
+        ]
+        whole_ids, whole_mask = left_pad(batch, pad_id, device)
+        whole_grid = None if all(g is None for g in grids) else torch.cat([g for g in grids if g is not None])
+        position_ids, rope_delta = prompt_position_ids(self.model, whole_ids, whole_mask, whole_grid)
+        output = self._forward(
+            input_ids=new_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids[..., -new_ids.shape[1] :],
+            **cache_inputs(self.model, cache),
+            **image_inputs,
+        )
+        return output, attention_mask, rope_delta, grids
+
+    def _generate_batch(
+        self,
+        batch: list[Context],
+        sampling: SamplingParams,
+        uniforms: torch.Tensor | None,
+        starts: list[KeptRow | None],
+        image_keys: list[tuple],
+        keep: KeptRows | None,
+    ) -> list[Generation]:
+        """Prefill the prompts (or continue their kept rows), then decode all rows together until each stops or hits
+        the limit; with `keep`, record every row for the next call."""
+        device = self.device
+        if starts[0] is None:
+            output, attention_mask, rope_delta, grids = self._prefill(batch)
+        else:
+            output, attention_mask, rope_delta, grids = self._continue(batch, starts)  # type: ignore[arg-type]
+        mrope = mrope_index_fn(self.model) is not None
         reserve_decode_room(output_cache(output), sampling.max_new_tokens)
         next_index = attention_mask.sum(dim=-1)  # (B,) real-token index of the next token
         stop_ids = torch.tensor(sampling.stop_token_ids, dtype=torch.long, device=device)
@@ -318,7 +464,7 @@ class HFEngine:
             # Finished rows keep decoding (their outputs are ignored) so the batch stays rectangular.
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(batch), 1)], dim=-1)
             positions = (next_index + rope_delta)[:, None]  # (B, 1)
-            if position_ids.dim() == 3:
+            if mrope:
                 positions = positions[None].expand(3, -1, -1)  # (3, B, 1): text tokens share one position
             output = self._forward(
                 input_ids=tokens[:, None],
@@ -327,7 +473,25 @@ class HFEngine:
                 **cache_inputs(self.model, output_cache(output)),
             )
             next_index = next_index + 1
-        return _collect(step_tokens, step_logprobs, step_alive, stop_ids)
+        generations = _collect(step_tokens, step_logprobs, step_alive, stop_ids)
+        cache = output_cache(output)
+        if keep is not None and keepable(cache):
+            for row, (context, generation) in enumerate(zip(batch, generations, strict=True)):
+                # every sampled token but the last went through the model; the cache past it is a finished row's
+                fed = context.token_ids + generation.token_ids[:-1]
+                columns = attention_mask[row].nonzero().squeeze(1)[: len(fed)]
+                keep.add(KeptRow(tuple(fed), image_keys[row], grids[row], cache, row, columns))
+        return generations
+
+
+def _split_grid(grid: torch.Tensor | None, contexts: list[Context]) -> list[torch.Tensor | None]:
+    """Each context's rows of a batch's `image_grid_thw` (None for a context without images)."""
+    out, first = [], 0
+    for context in contexts:
+        count = len(context.images)
+        out.append(grid[first : first + count] if count else None)
+        first += count
+    return out
 
 
 def _collect(

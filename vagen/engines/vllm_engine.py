@@ -195,6 +195,9 @@ class VLLMEngine:
             )
         return {"prompt_token_ids": ids, "multi_modal_data": {"image": list(context.images)}}
 
+    def forget(self) -> None:
+        """Nothing to drop: vLLM's own prefix cache lives in the memory it reserved."""
+
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Load `state_dict` (transformers parameter names) into the running engine, in place.
 

@@ -8,12 +8,19 @@ three always see the same pixels and positions for the same dialogue.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import inspect
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from PIL import Image
+
+
+def image_key(image: Image.Image) -> tuple:
+    """What tells two images apart: mode, size and a digest of the pixels (two images with equal keys give the model
+    the same inputs)."""
+    return image.mode, image.size, hashlib.sha1(image.tobytes()).digest()
 
 
 def mrope_index_fn(model: torch.nn.Module) -> Any:

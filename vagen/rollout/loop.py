@@ -98,6 +98,7 @@ def collect_rollouts(
                 _end_for_budget(episode)
         live = [episode for episode in episodes if not episode.done]
         if not live:
+            engine.forget()  # no dialogue goes on: the engine need not keep their last turn through the update
             return [episode.trajectory for episode in episodes]
         contexts = [episode.context(sampling.seed, turn_index) for episode in live]
         generations = engine.generate(contexts, sampling)

@@ -187,6 +187,7 @@ OPTIONS: dict[str, Option] = {
     "rollout.top_p": Option(float, "(0, 1]", "nucleus sampling (1 = off)"),
     "rollout.max_context_tokens": Option(int, "[2, inf)", "dialogue budget in tokens"),
     "rollout.engine_kwargs.max_batch_size": Option(int | None, "[1, inf)", "hf: most contexts per generate call"),
+    "rollout.engine_kwargs.keep_cache": Option(bool, "", "hf: keep keys and values for the next turn"),
     "rollout.engine_kwargs.gpu_memory_utilization": Option(float, "(0, 1]", "vllm: share of the GPU it reserves"),
     "rollout.engine_kwargs.enforce_eager": Option(bool, "", "vllm: no CUDA graphs"),
     "rollout.engine_kwargs.enable_sleep_mode": Option(bool, "", "vllm: free GPU memory during the update"),

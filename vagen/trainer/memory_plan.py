@@ -30,8 +30,9 @@ H hidden, I MLP width, kv = kv_heads·head_dim, V vocabulary.
                (4 per merged image token): (13·Hv + 4·Iv)·a per patch per block, when it has trainable parameters.
                Kernels that materialise the attention matrix (eager attention) add b·heads·s²·a per layer
                (`attention_matrix=True`); SDPA (flash / memory-efficient on GPU, the CPU kernel) does not.
-  kv_cache     2·L·kv·tokens·w          generation with the hf engine: tokens = batch × s (batch = rollout batch,
-                                        or engine_kwargs.max_batch_size)
+  kv_cache     2·L·kv·tokens·w          generation with the hf engine: tokens = (batch + kept) × s (batch = rollout
+                                        batch, or engine_kwargs.max_batch_size; kept = the rollout batch, whose last
+                                        turn the engine keeps for the next, with engine_kwargs.keep_cache, else 0)
   vllm         util × device memory     vLLM reserves `gpu_memory_utilization` of the device for itself (its weights
                                         and KV cache) for the whole run; it does not sleep between rollouts here
 
@@ -218,6 +219,7 @@ class TrainingSetup:
     gradient_checkpointing: bool = False
     attention_matrix: bool = False
     rollout_batch: int = 0  # dialogues generated at once by the hf engine (0 = no KV cache counted)
+    kept_rows: int = 0  # dialogues whose last turn the hf engine keeps for the next (keep_cache)
     vllm_bytes: int = 0
 
 
@@ -292,6 +294,7 @@ def plan_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryPlan:
     # The critic copies the backbone after LoRA is injected: with LoRA it trains its adapters and the value head.
     critic_trainable = (lora if lora else params - untied_head) + shape.hidden + 1 if setup.critic else 0
     trainable = policy_trainable + critic_trainable
+    kv_tokens = (setup.rollout_batch + setup.kept_rows) * setup.seq_len
     components = {
         "weights": params * w,
         "lora": lora * w,
@@ -301,7 +304,7 @@ def plan_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryPlan:
         "grads": trainable * w,
         "snapshot": policy_trainable * w,
         "activations": activation_bytes(shape, setup, vision_trains) * (2 if setup.critic else 1),
-        "kv_cache": 2 * shape.layers * shape.kv_heads * shape.head_dim * setup.rollout_batch * setup.seq_len * w,
+        "kv_cache": 2 * shape.layers * shape.kv_heads * shape.head_dim * kv_tokens * w,
         "vllm": setup.vllm_bytes,
     }
     update = {name: components[name] for name in ("grads", "snapshot", "activations")}
@@ -402,6 +405,7 @@ def setup_from_config(cfg: Any, prompt_tokens: int, device: str, device_bytes: i
         freeze_vision=bool(trainer.freeze_vision),
         gradient_checkpointing=bool(trainer.gradient_checkpointing),
         rollout_batch=0 if vllm else kwargs.get("max_batch_size") or trainer.groups * trainer.group_size,
+        kept_rows=0 if vllm or not kwargs.get("keep_cache", True) else trainer.groups * trainer.group_size,
         vllm_bytes=int(kwargs.get("gpu_memory_utilization", 0.9) * device_bytes) if vllm else 0,
     )
 
