@@ -13,6 +13,11 @@ attention mask, so pads are skipped), and decode steps continue at `real_length 
 exactly what transformers' own generation computes. Images are turned into `pixel_values` and
 `image_grid_thw` by the processor's image processor, for all images of the batch in order.
 
+Turns: the engine keeps each call's keys and values (`keep_cache`). A context of the next call that continues one of
+its rows (the dialogue's next turn: the prompt, the sampled reply, the new observation) runs only its new tokens and
+images after the kept ones, and samples what its whole prompt would (tests/test_engine_hf.py). Kept rows are dropped
+when any parameter changes and at `forget()`, which the rollout calls once its dialogues are over.
+
 Vision-language models never sample their image / video pad ids (see `placeholder_token_ids`).
 
 Weights: the engine samples from the very module it was given. When the trainer shares that module
