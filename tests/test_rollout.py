@@ -1,6 +1,7 @@
 """The multi-turn agent loop with a real tiny Qwen2.5-VL, the transformers engine and real envs."""
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from vagen.bootstrap.tiny import build_tiny_text_lm, build_tiny_vl, load_tiny_te
 from vagen.engines import Context, HFEngine, SamplingParams
 from vagen.env import make_env
 from vagen.rollout import DialogueFormatter, RolloutSpec, TokenBatch, collect_rollouts, trajectories_to_batch
+from vagen.rollout.batch import FORWARD_OVERHEAD
 
 SAMPLING = SamplingParams(max_new_tokens=24, temperature=1.0, seed=7)
 
@@ -227,28 +229,72 @@ def test_a_share_of_the_groups_samples_what_the_whole_batch_does(tiny_vl):
             torch.testing.assert_close(torch.tensor(a.response_logprobs), torch.tensor(b.response_logprobs))
 
 
-def test_micro_batches_put_dialogues_of_similar_length_together():
-    """Each micro-batch's forward is trimmed to its longest dialogue: the rows go longest first, in chunks."""
-    lengths = torch.tensor([3, 9, 5, 9, 1, 7, 2, 8])
-    mask = (torch.arange(10)[None, :] < lengths[:, None]).long()
-    zeros = torch.zeros(8, 10)
-    batch = TokenBatch(
+def _dialogues(prompts: list[int], rests: list[int], groups: list[int]) -> TokenBatch:
+    """Right-padded rows of `prompts[i]` prompt tokens, then `rests[i]` sampled ones."""
+    prompts_t, lengths = torch.tensor(prompts), torch.tensor(prompts) + torch.tensor(rests)
+    positions = torch.arange(int(lengths.max()))[None, :]
+    mask = (positions < lengths[:, None]).long()
+    zeros = torch.zeros(mask.shape)
+    return TokenBatch(
         input_ids=mask,
         attention_mask=mask,
-        response_mask=zeros,
+        response_mask=((positions >= prompts_t[:, None]) & (mask > 0)).float(),
         token_rewards=zeros,
         turn_ids=zeros.long(),
         rollout_logprobs=zeros,
-        group_index=torch.arange(8),
-        returns=torch.zeros(8),
-        images=[[] for _ in range(8)],
+        group_index=torch.tensor(groups),
+        returns=torch.zeros(len(prompts)),
+        images=[[] for _ in prompts],
     )
+
+
+def _partitions(items: list[int], size: int):
+    """Every partition of `items` into chunks of at most `size` (as lists of lists)."""
+    if not items:
+        yield []
+        return
+    first, others = items[0], items[1:]
+    for k in range(min(size, len(items))):
+        for companions in itertools.combinations(others, k):
+            left = [item for item in others if item not in companions]
+            for rest in _partitions(left, size):
+                yield [[first, *companions], *rest]
+
+
+def _positions(chunks, prompts, rests, groups) -> int:
+    """What the chunks' forwards compute: each distinct group's prompt once at the chunk's longest prompt, each row's
+    rest at the chunk's longest rest, and the fixed cost of each call."""
+    return sum(
+        len({groups[r] for r in chunk}) * max(prompts[r] for r in chunk)
+        + len(chunk) * max(rests[r] for r in chunk)
+        + FORWARD_OVERHEAD
+        for chunk in chunks
+    )
+
+
+@pytest.mark.parametrize(
+    "prompts, rests, groups",
+    [
+        ([0] * 8, [3, 9, 5, 9, 1, 7, 2, 8], list(range(8))),  # no shared prompts: only the padding of the rests
+        ([40, 40, 40, 40, 40, 40, 9, 9], [30, 2, 30, 2, 2, 30, 120, 1], [0, 0, 0, 1, 1, 1, 2, 2]),
+        ([100] * 8, [200, 3, 200, 3, 3, 3, 150, 3], [0, 0, 1, 1, 0, 1, 1, 0]),  # long prompts: groups stay together
+    ],
+)
+def test_micro_batches_compute_the_fewest_positions(prompts, rests, groups):
+    """The chunks of a mini-batch hold each of its rows once, at most `size` a chunk, and compute no more positions
+    than the best of every way to split them (brute force over all partitions)."""
+    batch = _dialogues(prompts, rests, groups)
     mini_batch = torch.tensor([0, 2, 4, 5, 6, 7, 1])  # row 3 is in another mini-batch
-    chunks = batch.micro_batches(mini_batch, 3)
-    assert [chunk.tolist() for chunk in chunks] == [[1, 7, 5], [2, 0, 6], [4]]
-    # The forwards compute 3·9 + 3·5 + 1·1 positions instead of 3·5 + 3·8 + 1·9 in the given order.
-    assert sum(len(c) * int(lengths[c].max()) for c in chunks) == 43
-    # A group's rows stay together (their shared first prompt then runs once), the group of the longest row first.
-    grouped = dataclasses.replace(batch, group_index=torch.tensor([0, 1, 0, 2, 3, 1, 3, 2]))
-    chunks = grouped.micro_batches(torch.arange(8), 4)  # the groups 0-3 are at most 5, 9, 9 and 2 long
-    assert [chunk.tolist() for chunk in chunks] == [[1, 5, 3, 7], [2, 0, 6, 4]]
+    chunks = [chunk.tolist() for chunk in batch.micro_batches(mini_batch, 3)]
+    assert sorted(row for chunk in chunks for row in chunk) == sorted(mini_batch.tolist())
+    assert all(1 <= len(chunk) <= 3 for chunk in chunks)
+    best = min(_positions(p, prompts, rests, groups) for p in _partitions(mini_batch.tolist(), 3))
+    assert _positions(chunks, prompts, rests, groups) == best
+
+
+def test_micro_batches_keep_a_groups_rows_together_and_split_long_from_short():
+    """Two groups of one long prompt: each group's rows in one chunk (its prompt then runs once), the two long rests
+    apart from the short ones instead of padding the short ones to their length."""
+    prompts, rests, groups = [50] * 8, [40, 40, 2, 2, 2, 2, 40, 40], [0, 0, 0, 0, 1, 1, 1, 1]
+    chunks = _dialogues(prompts, rests, groups).micro_batches(torch.arange(8), 4)
+    assert sorted(sorted(chunk.tolist()) for chunk in chunks) == [[0, 1, 6, 7], [2, 3, 4, 5]]
