@@ -5,6 +5,7 @@ import itertools
 
 import pytest
 import torch
+from PIL import Image
 
 from vagen.bootstrap.tiny import build_tiny_text_lm, build_tiny_vl, load_tiny_text_lm, load_tiny_vl
 from vagen.engines import Context, HFEngine, SamplingParams
@@ -97,6 +98,17 @@ def test_image_pads_agree_with_attached_images(tiny_vl):
         assert all(turn.response_ids.count(pad) == 0 for turn in trajectory.turns)
 
 
+@pytest.mark.parametrize("size", [(168, 168), (100, 37), (640, 480), (29, 300), (15, 15)])
+def test_image_token_counts_from_the_size_match_the_processed_pixels(tiny_vl, size):
+    """The counts come from the processor's own size rule, not from processing the pixels: they must agree."""
+    _, processor = tiny_vl
+    formatter = DialogueFormatter(processor.tokenizer, processor.image_processor)
+    image = Image.new("RGB", size, (200, 30, 90))
+    grid = processor.image_processor(images=[image], return_tensors="pt")["image_grid_thw"][0]
+    merge = processor.image_processor.merge_size
+    assert formatter.image_token_counts([image, image]) == [int(grid.prod()) // merge**2] * 2
+
+
 def test_rollouts_are_deterministic_for_a_seed(tiny_vl):
     first, second = play(tiny_vl), play(tiny_vl)
     for a, b in zip(first, second, strict=True):
@@ -183,8 +195,6 @@ def test_a_turn_without_sampled_tokens_keeps_its_reward():
 def test_special_token_spellings_in_observation_text_stay_plain_text(tiny_vl, with_image):
     """Text that spells <|im_end|>, <|im_start|> or <|image_pad|> is tokenised as ordinary text, so it can
     neither end the user turn nor add an image pad."""
-    from PIL import Image
-
     from vagen.env import Observation
 
     _, processor = tiny_vl

@@ -102,8 +102,11 @@ class DialogueFormatter:
         """Vision tokens per image after the processor's patching and spatial merge."""
         if not images:
             return []
-        grids = self.image_processor(images=images, return_tensors="pt")["image_grid_thw"]
         merge = getattr(self.image_processor, "merge_size", 2)
+        patches = getattr(self.image_processor, "get_number_of_image_patches", None)
+        if patches is not None:  # the processor's own count from the image's size, without processing its pixels
+            return [patches(image.height, image.width) // (merge * merge) for image in images]
+        grids = self.image_processor(images=images, return_tensors="pt")["image_grid_thw"]
         return [int(grid.prod()) // (merge * merge) for grid in grids]
 
     # ---- the three segments of a turn ------------------------------------------------------
