@@ -1,6 +1,5 @@
 """The multi-turn agent loop with a real tiny Qwen2.5-VL, the transformers engine and real envs."""
 
-import dataclasses
 import itertools
 
 import pytest
