@@ -73,8 +73,8 @@ class TokenBatch:
         """
         rows = torch.as_tensor(rows, dtype=torch.long)
         prompts = (self.response_mask[rows] > 0).float().argmax(dim=1).tolist()  # tokens before the first sampled one
-        rests = (self.attention_mask[rows].sum(dim=1)).tolist()
-        rests = [length - prompt for length, prompt in zip(rests, prompts, strict=True)]
+        lengths = self.attention_mask[rows].sum(dim=1).tolist()
+        rests = [length - prompt for length, prompt in zip(lengths, prompts, strict=True)]
         groups = self.group_index[rows].tolist()
         order = sorted(range(len(rows)), key=lambda i: (-rests[i], groups[i], i))
         best, cut = [0.0] + [float("inf")] * len(order), [0] * (len(order) + 1)
