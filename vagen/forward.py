@@ -69,7 +69,7 @@ def shared_prefix(model: torch.nn.Module, batch: TokenBatch) -> tuple[torch.Tens
     sampled = batch.response_mask > 0
     if len(batch) < 2 or not bool(sampled.any(dim=1).all()):
         return None
-    lengths = sampled.float().argmax(dim=1).tolist()
+    lengths = batch.prompt_lengths().tolist()
     image_id = getattr(model.config, "image_token_id", None)
     index, keys, images = [], {}, []
     for row, (ids, length) in enumerate(zip(batch.input_ids.tolist(), lengths, strict=True)):
@@ -126,7 +126,7 @@ def backbone_hidden(
     ids, positions = inputs["input_ids"], inputs["position_ids"]
     images_per_row = [len(row) for row in batch.images]
     real = batch.attention_mask.to(device).sum(dim=1)
-    lengths = (batch.response_mask > 0).float().argmax(dim=1).to(device)  # [B] each row's prefix length
+    lengths = batch.prompt_lengths().to(device)  # [B] each row's prefix length
     width, rest = int(lengths.max()), int((real - lengths).max())
     # The prefixes, left-padded to `width`: column c of prefix p is its token width - L_p + c (none where < 0).
     prefix_cols = lengths[representatives, None] - width + torch.arange(width, device=device)

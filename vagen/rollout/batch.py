@@ -61,6 +61,10 @@ class TokenBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def prompt_lengths(self) -> torch.Tensor:
+        """[B] long: each row's tokens before its first sampled one (its first prompt; 0 in a row without one)."""
+        return (self.response_mask > 0).float().argmax(dim=1)
+
     def micro_batches(self, rows: torch.Tensor, size: int) -> list[torch.Tensor]:
         """`rows` in chunks of at most `size`, chosen to compute the fewest positions; the sum of the chunks' losses,
         and so the gradient, does not depend on the chunking.
@@ -72,7 +76,7 @@ class TokenBatch:
         that cost, summed over the chunks, is least (dynamic programming over the cut points).
         """
         rows = torch.as_tensor(rows, dtype=torch.long)
-        prompts = (self.response_mask[rows] > 0).float().argmax(dim=1).tolist()  # tokens before the first sampled one
+        prompts = self.prompt_lengths()[rows].tolist()
         lengths = self.attention_mask[rows].sum(dim=1).tolist()
         rests = [length - prompt for length, prompt in zip(lengths, prompts, strict=True)]
         groups = self.group_index[rows].tolist()
