@@ -111,6 +111,9 @@ ARMS = {
     # demonstration's reading (as gigpo_meannorm_reason)
     "gigpo_meannorm_freeze_vision_kl": [*FREEZE_VISION, "algorithm.kl_coef=0.05"],
     "gigpo_meannorm_freeze_vision_reason": [*FREEZE_VISION, "++env.kwargs.reasoning_coef=0.5"],
+    # the KL arm's KL for a policy without a vision tower (the text games' tiny_text): the defaults held to the warm
+    # start, whose <think> reading RL otherwise drifts
+    "gigpo_meannorm_kl": [*MEANNORM, "algorithm.kl_coef=0.05"],
     # the KL arm training low-rank adapters (LoRA r=8 on every linear layer of the language model) at 10x the lr
     # instead of all 3.35M weights: RL's few bits per episode fit a small update ("LoRA without regret", Schulman et
     # al. 2025: LoRA matches full training in RL, at about 10x its lr), and Adam no longer moves millions of
