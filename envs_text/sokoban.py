@@ -37,6 +37,7 @@ STEP_PENALTY = -0.1
 BOX_ON_TARGET_REWARD = 1.0
 BOX_OFF_TARGET_PENALTY = -1.0
 SUCCESS_REWARD = 10.0
+_SIDES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}  # demo_reasoning's wall order
 
 
 # ---- generation by reverse play ---------------------------------------------------------------
@@ -178,7 +179,8 @@ class SokobanTextEnv(LanguageEnv):
         `cell_separator` between the cells of a row (see `check_cell_separator`). With `list_positions`, a line
         under the grid also lists the (row, col) of the player, every box and every target (`state_objects`), so
         a text model need not find a symbol's column in a BPE-merged row (for SmolLM2's 60-step warm start it made
-        no measurable change: README, text default).
+        no measurable change: README, text default). With `reading_walls`, `demo_reasoning` (the warm starts'
+        `<think>`) also names the walls next to the box it is about.
     Rewards:
         `step_penalty` per executed action (-0.1, gym-sokoban's), +1 for a box onto a target, -1 for a box off
         a target, +10 when all boxes are on targets. A push into a wall or a second box does nothing but still
@@ -210,9 +212,13 @@ class SokobanTextEnv(LanguageEnv):
         step_penalty_on_solve: bool = False,
         cell_separator: str = "",
         list_positions: bool = False,
+        reading_walls: bool = False,
         **base_kwargs: Any,
     ) -> None:
         super().__init__(**base_kwargs)
+        if not isinstance(reading_walls, bool):
+            raise ValueError(f"reading_walls must be true or false, got {reading_walls!r}.")
+        self.reading_walls = reading_walls
         if not step_penalty <= 0:
             raise ValueError(f"step_penalty must be <= 0 (a cost per action; 0 = none), got {step_penalty}.")
         self.step_penalty = float(step_penalty)
@@ -327,12 +333,17 @@ class SokobanTextEnv(LanguageEnv):
 
     def demo_reasoning(self) -> str:
         """Where the first unplaced box is from the player and where a free target is from the box, in relative
-        words: "box is up-left of me, target is down of box." """
+        words: "box is up-left of me, target is down of box." With `reading_walls`, also the sides of that box that
+        are walls, where a push can never go: "..., walls up left of box." or "..., no wall next to box." """
         player, box, target = self._key_objects()
         if box is None or target is None:
             return "all boxes are on targets."
         box_from_me, target_from_box = relative_direction(*(box - player)), relative_direction(*(target - box))
-        return f"box is {box_from_me} of me, target is {target_from_box} of box."
+        reading = f"box is {box_from_me} of me, target is {target_from_box} of box"
+        if self.reading_walls:
+            walls = [side for side, (dr, dc) in _SIDES.items() if self._layout[box[0] + dr, box[1] + dc] == WALL]
+            reading += f", walls {' '.join(walls)} of box" if walls else ", no wall next to box"
+        return reading + "."
 
     def key_cells(self) -> list[tuple[int, int]]:
         """Player, the box `demo_reasoning` names (a placed one when all are placed) and its target (or the box)."""
@@ -341,6 +352,16 @@ class SokobanTextEnv(LanguageEnv):
             box = np.argwhere(self.grid() == BOX_ON_TARGET)[0]
         target = box if target is None else target
         return [tuple(int(v) for v in cell) for cell in (player, box, target)]
+
+    def tile_facts(self) -> np.ndarray | None:
+        """With `reading_walls`: for every tile, whether its up, down, left and right neighbours are walls (1) or not
+        (0), off the board counting as wall; so that the box's own image token carries the walls its reading names."""
+        if not self.reading_walls:
+            return None
+        walls = np.pad(self._layout == WALL, 1, constant_values=True)
+        height, width = self._layout.shape
+        sides = [walls[1 + dr : 1 + dr + height, 1 + dc : 1 + dc + width] for dr, dc in _SIDES.values()]
+        return np.stack(sides, axis=-1).reshape(height * width, len(_SIDES)).astype(np.int64)
 
     def state_key(self) -> tuple[int, tuple[int, ...]]:
         """The player's cell and the sorted box cells (flat indices): the level's walls and targets never move."""

@@ -125,6 +125,28 @@ def test_list_positions_adds_a_line_of_coordinates_that_follows_the_moves():
         make_env(list_positions="yes")
 
 
+def test_reading_walls_names_the_walls_next_to_the_box_and_labels_every_tile():
+    """The warm start's reading with `reading_walls`, and the tile facts the vision pre-training learns it from."""
+    level = SokobanLevel.from_text("######\n#P_X_#\n#___O#\n#____#\n######")
+    env = make_env(reading_walls=True)
+    env.reset(options={"level": level})
+    assert env.demo_reasoning() == "box is right of me, target is down-right of box, walls up of box."
+    facts = env.tile_facts()  # (H·W, 4): wall up, down, left, right of each tile; off the board counts as wall
+    assert facts.shape == (30, 4) and facts[1 * 6 + 3].tolist() == [1, 0, 0, 0]
+    assert facts[0].tolist() == [1, 1, 1, 1] and facts[1 * 6 + 1].tolist() == [1, 0, 1, 0]
+    env.step("<think>go</think><answer>Down</answer>")  # the player steps down; the box stays
+    env.step("<think>go</think><answer>Right || Right</answer>")  # now under the box, next to the target row
+    assert env.demo_reasoning() == "box is up of me, target is down-right of box, walls up of box."
+    open_level = SokobanLevel.from_text("#######\n#P____#\n#__X__#\n#___O_#\n#######")
+    env.reset(options={"level": open_level})
+    assert env.demo_reasoning() == "box is down-right of me, target is down-right of box, no wall next to box."
+    plain = make_env()
+    plain.reset(options={"level": level})
+    assert plain.demo_reasoning() == "box is right of me, target is down-right of box." and plain.tile_facts() is None
+    with pytest.raises(ValueError, match="reading_walls must be true or false"):
+        make_env(reading_walls="yes")
+
+
 def test_invalid_levels_raise_with_a_reason():
     with pytest.raises(ValueError, match="border"):
         SokobanLevel.from_text("#####\n#P_XO\n#####")

@@ -110,6 +110,22 @@ def test_games_warm_started_together_get_their_own_probe_columns(formatter):
     assert np.array_equal(labels[:, 3:], tile_direction_labels(demo.grid_shapes[0], demo.key_cells[0]))
 
 
+def test_tile_facts_get_probe_columns_after_the_key_cells_and_the_vision_pretraining_runs_on_them(formatter):
+    """Sokoban with `reading_walls`: its 3 key-cell columns, then 4 wall columns, each demo turn's facts recorded."""
+    walls = demo_module.demonstrations(
+        lambda: make_sokoban_visual(reading_walls=True), formatter, range(2), 0.0, name="walls"
+    )
+    lake = demo_module.demonstrations(make_frozenlake_visual, formatter, range(2), 0.0, name="lake")
+    assert probe_columns(walls + lake) == {"walls": (0, 7), "lake": (7, 9)}
+    demo = walls[0]
+    assert len(demo.tile_facts) == len(demo.trajectory.turns) and demo.tile_facts[0].shape == (36, 4)
+    labels = probe_labels(demo.grid_shapes[0], demo.key_cells[0], (0, 7), 9, demo.tile_facts[0])
+    assert np.array_equal(labels[:, 3:7], demo.tile_facts[0]) and (labels[:, 7:] == -100).all()
+    model, processor = load_tiny_vl(build_tiny_vl(size="test"))
+    losses = pretrain_vision(model, processor, walls + lake, replace(TEST_RECIPE, vision_steps=1))
+    assert len(losses) == 1 and np.isfinite(losses[0])
+
+
 def test_vision_pretraining_learns_and_sft_keeps_the_vision_tower_frozen(formatter):
     model, processor = load_tiny_vl(build_tiny_vl(size="test"))
     demos = demonstrations(formatter, range(6), noise_eps=0.0)

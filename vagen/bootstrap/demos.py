@@ -33,6 +33,7 @@ class Demo:
     noisy_turns: list[bool] = field(default_factory=list)
     key_cells: list[list[tuple[int, int]]] = field(default_factory=list)  # `LanguageEnv.key_cells()` per turn
     grid_shapes: list[tuple[int, int]] = field(default_factory=list)  # (H, W) of the board per turn
+    tile_facts: list[np.ndarray | None] = field(default_factory=list)  # `LanguageEnv.tile_facts()` per turn
 
 
 def demo_response(env: gymnasium.Env, actions: list[str]) -> str:
@@ -53,13 +54,13 @@ def turn_actions(env: gymnasium.Env, rng: np.random.Generator, noise_eps: float)
     return plan[: game.max_actions_per_turn], False
 
 
-def _board(env: gymnasium.Env) -> tuple[list[tuple[int, int]], tuple[int, int]]:
-    """Key cells and grid shape of the current state; none for games without a board."""
+def _board(env: gymnasium.Env) -> tuple[list[tuple[int, int]], tuple[int, int], np.ndarray | None]:
+    """Key cells, grid shape and tile facts of the current state; none for games without a board."""
     game = env.unwrapped
     try:
-        return game.key_cells(), tuple(game.grid().shape)
+        return game.key_cells(), tuple(game.grid().shape), game.tile_facts()
     except (NotImplementedError, AttributeError):
-        return [], (0, 0)
+        return [], (0, 0), None
 
 
 def play_demo(
@@ -87,9 +88,10 @@ def play_demo(
         turn.response_ids, turn.response_text, turn.finish_reason = response_ids, text, "stop"
         turn.response_logprobs = [0.0] * len(response_ids)
         turn.close_ids = formatter.close_ids(response_ids, "stop")
-        cells, shape = _board(env)
+        cells, shape, facts = _board(env)
         demo.key_cells.append(cells)
         demo.grid_shapes.append(shape)
+        demo.tile_facts.append(facts)
         observation, turn.reward, terminated, truncated, turn.info = env.step(text)
         demo.trajectory.turns.append(turn)
         demo.noisy_turns.append(is_noise)

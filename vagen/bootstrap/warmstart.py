@@ -126,24 +126,31 @@ def tile_direction_labels(shape: tuple[int, int], key_cells: list[tuple[int, int
 
 
 def probe_columns(demos: list[Demo]) -> dict[str, tuple[int, int]]:
-    """Each game's (start, stop) columns in the vision probe's labels: one column per key cell, games side by side
-    in order of first appearance, so a warm start on several games gives each game's key cells their own head."""
+    """Each game's (start, stop) columns in the vision probe's labels: one column per key cell, then one per tile fact
+    (`LanguageEnv.tile_facts`), games side by side in order of first appearance, so a warm start on several games
+    gives each game's key cells their own head."""
     columns: dict[str, tuple[int, int]] = {}
     for demo in demos:
         name = demo.trajectory.env_name
         if name not in columns and demo.key_cells:
             start = max((stop for _, stop in columns.values()), default=0)
-            columns[name] = (start, start + len(demo.key_cells[0]))
+            facts = demo.tile_facts[0] if demo.tile_facts else None
+            columns[name] = (start, start + len(demo.key_cells[0]) + (0 if facts is None else facts.shape[1]))
     return columns
 
 
 def probe_labels(
-    shape: tuple[int, int], key_cells: list[tuple[int, int]], columns: tuple[int, int], width: int
+    shape: tuple[int, int],
+    key_cells: list[tuple[int, int]],
+    columns: tuple[int, int],
+    width: int,
+    facts: np.ndarray | None = None,
 ) -> np.ndarray:
-    """`tile_direction_labels` placed in the game's `columns` of a (H·W, width) array; the other games' columns are
-    -100, which cross-entropy ignores."""
+    """`tile_direction_labels`, then the tile `facts` if any, placed in the game's `columns` of a (H·W, width) array;
+    the other games' columns are -100, which cross-entropy ignores."""
     labels = np.full((shape[0] * shape[1], width), -100, dtype=np.int64)
-    labels[:, columns[0] : columns[1]] = tile_direction_labels(shape, key_cells)
+    own = tile_direction_labels(shape, key_cells)
+    labels[:, columns[0] : columns[1]] = own if facts is None else np.concatenate([own, facts], axis=1)
     return labels
 
 
@@ -166,11 +173,11 @@ def pretrain_vision(
     images = [image for demo in demos for image in demo.trajectory.images]
     columns = probe_columns(demos)
     boards = [
-        (shape, cells, columns[demo.trajectory.env_name])
+        (shape, cells, columns[demo.trajectory.env_name], facts)
         for demo in demos
-        for shape, cells in zip(demo.grid_shapes, demo.key_cells, strict=True)
+        for shape, cells, facts in zip(demo.grid_shapes, demo.key_cells, demo.tile_facts, strict=True)
     ]
-    if len(images) != len(boards) or not boards or any(not cells for _, cells, _ in boards):
+    if len(images) != len(boards) or not boards or any(not cells for _, cells, _, _ in boards):
         raise ValueError(
             "Vision pre-training needs one image per turn and a game with key_cells(); set vision_steps=0 for this env."
         )
@@ -188,7 +195,8 @@ def pretrain_vision(
             rows = generator.integers(len(images), size=recipe.vision_batch_size)
             processed = processor.image_processor(images=[images[i] for i in rows], return_tensors="pt")
             tokens = visual(processed["pixel_values"], grid_thw=processed["image_grid_thw"]).pooler_output  # (n, D)
-            labels = torch.as_tensor(np.concatenate([probe_labels(*boards[i], width) for i in rows]))  # (n, width)
+            labels = [probe_labels(*boards[i][:3], width, boards[i][3]) for i in rows]
+            labels = torch.as_tensor(np.concatenate(labels))  # (n, width)
             assert tokens.shape[0] == labels.shape[0], "one merged image token per tile"
             logits = probe(tokens).view(-1, len(RELATIVE_DIRECTIONS))
             loss = torch.nn.functional.cross_entropy(logits, labels.view(-1))

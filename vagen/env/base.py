@@ -292,6 +292,12 @@ class LanguageEnv(gymnasium.Env[Observation, str]):
         vision pre-training in supervised warm starts (each image tile learns their direction from it)."""
         raise NotImplementedError(f"{type(self).__name__} names no key cells.")
 
+    def tile_facts(self) -> np.ndarray | None:
+        """Further labels of the vision pre-training, beside `key_cells`' directions: (H·W, F) small class indices
+        (< len(RELATIVE_DIRECTIONS)) for every tile of the board, row-major, that a game's reasoning reads off one
+        tile (Sokoban with `reading_walls`: which neighbours are walls); None when the game has none."""
+        return None
+
     def state_key(self) -> Hashable | None:
         """An exact, hashable identity of the current game state, equal exactly when two states of the same level
         are the same (Sokoban: player and boxes); None when the game provides none. GiGPO's step-level credit

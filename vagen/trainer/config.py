@@ -224,6 +224,7 @@ OPTIONS: dict[str, Option] = {
     "env.kwargs.num_boxes": Option(int, "[1, inf)", "Sokoban boxes (and targets)"),
     "env.kwargs.cell_separator": Option(str, "", "between the cells of a grid row in the text"),
     "env.kwargs.list_positions": Option(bool, "", "a line under the grid lists the positions"),
+    "env.kwargs.reading_walls": Option(bool, "", "Sokoban: the demonstrations' reading names the walls next to the box"),
     "env.kwargs.level_set": Option(str | None, "", "Boxoban level file (null: generated rooms)"),
     "env.kwargs.num_levels": Option(int | None, "[1, inf)", "the first levels of the level set"),
     "env.kwargs.p_frozen": Option(float, "(0, 1]", "FrozenLake: chance that a random cell is frozen"),
