@@ -180,7 +180,8 @@ class SokobanTextEnv(LanguageEnv):
         under the grid also lists the (row, col) of the player, every box and every target (`state_objects`), so
         a text model need not find a symbol's column in a BPE-merged row (for SmolLM2's 60-step warm start it made
         no measurable change: README, text default). With `reading_walls`, `demo_reasoning` (the warm starts'
-        `<think>`) also names the walls next to the box it is about.
+        `<think>`) also names the walls next to the box it is about, and (`wall_labels`) the vision pre-training
+        learns every tile's wall neighbours (`tile_facts`).
     Rewards:
         `step_penalty` per executed action (-0.1, gym-sokoban's), +1 for a box onto a target, -1 for a box off
         a target, +10 when all boxes are on targets. A push into a wall or a second box does nothing but still
@@ -213,12 +214,16 @@ class SokobanTextEnv(LanguageEnv):
         cell_separator: str = "",
         list_positions: bool = False,
         reading_walls: bool = False,
+        wall_labels: bool = True,
         **base_kwargs: Any,
     ) -> None:
         super().__init__(**base_kwargs)
         if not isinstance(reading_walls, bool):
             raise ValueError(f"reading_walls must be true or false, got {reading_walls!r}.")
         self.reading_walls = reading_walls
+        if not isinstance(wall_labels, bool):
+            raise ValueError(f"wall_labels must be true or false, got {wall_labels!r}.")
+        self.wall_labels = wall_labels
         if not step_penalty <= 0:
             raise ValueError(f"step_penalty must be <= 0 (a cost per action; 0 = none), got {step_penalty}.")
         self.step_penalty = float(step_penalty)
@@ -354,9 +359,10 @@ class SokobanTextEnv(LanguageEnv):
         return [tuple(int(v) for v in cell) for cell in (player, box, target)]
 
     def tile_facts(self) -> np.ndarray | None:
-        """With `reading_walls`: for every tile, whether its up, down, left and right neighbours are walls (1) or not
-        (0), off the board counting as wall; so that the box's own image token carries the walls its reading names."""
-        if not self.reading_walls:
+        """With `reading_walls` and `wall_labels`: for every tile, whether its up, down, left and right neighbours are
+        walls (1) or not (0), off the board counting as wall; so that the box's own image token carries the walls its
+        reading names."""
+        if not (self.reading_walls and self.wall_labels):
             return None
         walls = np.pad(self._layout == WALL, 1, constant_values=True)
         height, width = self._layout.shape

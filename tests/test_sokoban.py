@@ -143,6 +143,9 @@ def test_reading_walls_names_the_walls_next_to_the_box_and_labels_every_tile():
     plain = make_env()
     plain.reset(options={"level": level})
     assert plain.demo_reasoning() == "box is right of me, target is down-right of box." and plain.tile_facts() is None
+    unlabelled = make_env(reading_walls=True, wall_labels=False)
+    unlabelled.reset(options={"level": level})
+    assert unlabelled.demo_reasoning().endswith("walls up of box.") and unlabelled.tile_facts() is None
     with pytest.raises(ValueError, match="reading_walls must be true or false"):
         make_env(reading_walls="yes")
 
