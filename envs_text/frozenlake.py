@@ -17,7 +17,7 @@ import numpy as np
 from envs_text.limits import check_grid
 from vagen.env.base import ActionResult, LanguageEnv
 from vagen.env.observation import check_cell_separator, check_list_positions, positions_line
-from vagen.env.policies import relative_direction
+from vagen.env.policies import SIDES, relative_direction
 
 ACTIONS = ("Left", "Down", "Right", "Up")  # Gymnasium's action ids 0..3, in that order
 LEFT, DOWN, RIGHT, UP = range(4)
@@ -28,7 +28,6 @@ _TILES = "SFHG"
 FROZEN, HOLE, GOAL, PLAYER, PLAYER_IN_HOLE, PLAYER_ON_GOAL = range(6)
 SYMBOLS = {FROZEN: "_", HOLE: "O", GOAL: "G", PLAYER: "P", PLAYER_IN_HOLE: "X", PLAYER_ON_GOAL: "√"}
 
-_SIDES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}  # demo_reasoning's order
 _GOAL_READING = re.compile(r"\bgoal is ([a-z]+(?:-[a-z]+)?) of me\b")
 _HOLES_READING = re.compile(r"\bholes?((?: (?:up|down|left|right)\b)+)")
 _NO_HOLE_READING = re.compile(r"\bno hole next to me\b")
@@ -277,8 +276,8 @@ class FrozenLakeTextEnv(LanguageEnv):
         if (holes_named is None) != (no_hole is None):  # exactly one statement about the holes
             claimed = set(holes_named.group(1).split()) if holes_named else set()
             truth = set(self._holes_next_to_player())
-            right += sum((side in claimed) == (side in truth) for side in _SIDES)
-        return right / (1 + len(_SIDES))
+            right += sum((side in claimed) == (side in truth) for side in SIDES)
+        return right / (1 + len(SIDES))
 
     def _goal_cell(self) -> tuple[int, int]:
         return next((r, row.index("G")) for r, row in enumerate(self.desc) if "G" in row)
@@ -292,7 +291,7 @@ class FrozenLakeTextEnv(LanguageEnv):
         row, col = self.player
         return [
             side
-            for side, (dr, dc) in _SIDES.items()
+            for side, (dr, dc) in SIDES.items()
             if 0 <= row + dr < len(self.desc)
             and 0 <= col + dc < len(self.desc[0])
             and self.desc[row + dr][col + dc] == "H"

@@ -31,13 +31,12 @@ from envs_text.sokoban_level import (  # re-exported: the board is part of this 
 from envs_text.sokoban_solver import solve
 from vagen.env.base import ActionResult, LanguageEnv
 from vagen.env.observation import check_cell_separator, check_list_positions, positions_line
-from vagen.env.policies import relative_direction
+from vagen.env.policies import SIDES, relative_direction
 
 STEP_PENALTY = -0.1
 BOX_ON_TARGET_REWARD = 1.0
 BOX_OFF_TARGET_PENALTY = -1.0
 SUCCESS_REWARD = 10.0
-_SIDES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}  # demo_reasoning's wall order
 
 
 # ---- generation by reverse play ---------------------------------------------------------------
@@ -346,7 +345,7 @@ class SokobanTextEnv(LanguageEnv):
         box_from_me, target_from_box = relative_direction(*(box - player)), relative_direction(*(target - box))
         reading = f"box is {box_from_me} of me, target is {target_from_box} of box"
         if self.reading_walls:
-            walls = [side for side, (dr, dc) in _SIDES.items() if self._layout[box[0] + dr, box[1] + dc] == WALL]
+            walls = [side for side, wall in zip(SIDES, self._wall_neighbours()[tuple(box)], strict=True) if wall]
             reading += f", walls {' '.join(walls)} of box" if walls else ", no wall next to box"
         return reading + "."
 
@@ -364,10 +363,13 @@ class SokobanTextEnv(LanguageEnv):
         reading names."""
         if not (self.reading_walls and self.wall_labels):
             return None
+        return self._wall_neighbours().reshape(-1, len(SIDES)).astype(np.int64)
+
+    def _wall_neighbours(self) -> np.ndarray:
+        """(H, W, 4) bool: whether each cell's up, down, left and right neighbours are walls (off the board: yes)."""
         walls = np.pad(self._layout == WALL, 1, constant_values=True)
         height, width = self._layout.shape
-        sides = [walls[1 + dr : 1 + dr + height, 1 + dc : 1 + dc + width] for dr, dc in _SIDES.values()]
-        return np.stack(sides, axis=-1).reshape(height * width, len(_SIDES)).astype(np.int64)
+        return np.stack([walls[1 + dr : 1 + dr + height, 1 + dc : 1 + dc + width] for dr, dc in SIDES.values()], -1)
 
     def state_key(self) -> tuple[int, tuple[int, ...]]:
         """The player's cell and the sorted box cells (flat indices): the level's walls and targets never move."""

@@ -172,16 +172,16 @@ def pretrain_vision(
     """
     images = [image for demo in demos for image in demo.trajectory.images]
     columns = probe_columns(demos)
-    boards = [
-        (shape, cells, columns[demo.trajectory.env_name], facts)
+    width = max((stop for _, stop in columns.values()), default=0)
+    boards = [  # probe_labels' arguments, one per image
+        (shape, cells, columns[demo.trajectory.env_name], width, facts)
         for demo in demos
         for shape, cells, facts in zip(demo.grid_shapes, demo.key_cells, demo.tile_facts, strict=True)
     ]
-    if len(images) != len(boards) or not boards or any(not cells for _, cells, _, _ in boards):
+    if len(images) != len(boards) or not boards or any(not cells for _, cells, *_ in boards):
         raise ValueError(
             "Vision pre-training needs one image per turn and a game with key_cells(); set vision_steps=0 for this env."
         )
-    width = max(stop for _, stop in columns.values())
     visual = model.model.visual
     probe = torch.nn.Linear(visual.merger.mlp[-1].out_features, width * len(RELATIVE_DIRECTIONS))
     parameters = list(visual.parameters()) + list(probe.parameters())
@@ -195,8 +195,7 @@ def pretrain_vision(
             rows = generator.integers(len(images), size=recipe.vision_batch_size)
             processed = processor.image_processor(images=[images[i] for i in rows], return_tensors="pt")
             tokens = visual(processed["pixel_values"], grid_thw=processed["image_grid_thw"]).pooler_output  # (n, D)
-            labels = [probe_labels(*boards[i][:3], width, boards[i][3]) for i in rows]
-            labels = torch.as_tensor(np.concatenate(labels))  # (n, width)
+            labels = torch.as_tensor(np.concatenate([probe_labels(*boards[i]) for i in rows]))  # (n, width)
             assert tokens.shape[0] == labels.shape[0], "one merged image token per tile"
             logits = probe(tokens).view(-1, len(RELATIVE_DIRECTIONS))
             loss = torch.nn.functional.cross_entropy(logits, labels.view(-1))

@@ -74,6 +74,8 @@ def relative_direction(delta_row: int, delta_col: int) -> str:
     return "-".join(part for part in (vertical, horizontal) if part) or "here"
 
 
+# The four neighbours of a cell as (row, col) steps, in the order the games' readings list them ("holes up left").
+SIDES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 RELATIVE_DIRECTIONS = ("here", "up", "down", "left", "right", "up-left", "up-right", "down-left", "down-right")
 
 

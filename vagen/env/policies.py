@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 import gymnasium
 import numpy as np
 
-# relative_direction and RELATIVE_DIRECTIONS live with the grader (which reads the same words) and are re-exported here.
-from vagen.env.grading import RELATIVE_DIRECTIONS, canonical_description, relative_direction  # noqa: F401
+# relative_direction, RELATIVE_DIRECTIONS and SIDES live with the grader (which reads the same words), re-exported here.
+from vagen.env.grading import RELATIVE_DIRECTIONS, SIDES, canonical_description, relative_direction  # noqa: F401
 from vagen.registry import Registry
 
 Policy = Callable[[gymnasium.Env, np.random.Generator], str]
