@@ -177,6 +177,15 @@ ARMS = {
         "trainer.lr_schedule=linear",
         "trainer.lr_decay_start=0.75",
     ],
+    # FrozenLake's default (the anneal) with two passes over each batch instead of one: four optimizer steps per
+    # 64 episodes instead of two, the second pass clipped against the rollout's log-probs, so each episode moves the
+    # policy about twice as far per episode of budget (PPO's own data reuse; every arm above makes one pass)
+    "gigpo_meannorm_anneal_e2": [
+        *MEANNORM,
+        "trainer.lr_schedule=linear",
+        "trainer.lr_decay_start=0.75",
+        "trainer.ppo_epochs=2",
+    ],
     # the defaults trained at the validation's temperature: the update then raises the success of the very policy that
     # is measured (softmax(logits / 0.5)), not of the T=1 policy, whose first gain, sharpening, T=0.5 already has
     "gigpo_meannorm_t0.5": [*MEANNORM, "rollout.temperature=0.5"],
