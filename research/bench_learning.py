@@ -178,8 +178,8 @@ ARMS = {
         "trainer.lr_decay_start=0.75",
     ],
     # FrozenLake's default (the anneal) with two passes over each batch instead of one: four optimizer steps per
-    # 64 episodes instead of two, the second pass clipped against the rollout's log-probs, so each episode moves the
-    # policy about twice as far per episode of budget (PPO's own data reuse; every arm above makes one pass)
+    # 64 episodes instead of two, the second pass clipped against the rollout's log-probs: each episode of the budget
+    # is trained on twice (PPO's own data reuse; every arm above makes one pass)
     "gigpo_meannorm_anneal_e2": [
         *MEANNORM,
         "trainer.lr_schedule=linear",
