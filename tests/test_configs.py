@@ -44,9 +44,10 @@ def test_algorithm_presets_state_only_what_differs_from_the_base(preset):
     assert all(base[k] != v for k, v in stated.items()), f"{preset} restates base values: {stated}"
 
 
-def test_the_demo_trains_the_text_default_with_the_default_algorithm_and_validates_on_256_levels():
+def test_the_demo_trains_the_visual_default_with_its_tuned_settings_and_validates_on_256_levels():
     """`python3 dev.py demo` runs `scripts/train.py` with DEMO's overrides: they compose and pass the checks that run
-    before any model loads, and its budget is 2,496 episodes (the README's and the docs' numbers are for that)."""
+    before any model loads, with the game's tuned settings (the anneal over the last quarter), and its budget is 9,984
+    episodes validated on 256 levels x 8 samples (the README's and the docs' numbers are for that)."""
 
     from test_trainer import config, repo_module
 
@@ -57,9 +58,11 @@ def test_the_demo_trains_the_text_default_with_the_default_algorithm_and_validat
     assert step[0] == "scripts/train.py"
     cfg = config(step[1:])
     validate_config(cfg)
-    assert (cfg.env.name, cfg.model.name, cfg.algorithm.name) == ("sokoban_text", "tiny_text", "gigpo")
-    assert cfg.trainer.iterations * cfg.trainer.groups * cfg.trainer.group_size == 2496
-    assert cfg.trainer.eval_episodes == 256 and cfg.trainer.iterations % cfg.trainer.eval_every == 0
+    assert (cfg.env.name, cfg.model.name, cfg.algorithm.name) == ("frozenlake_visual", "tiny_vl", "gigpo")
+    assert (cfg.trainer.lr_schedule, cfg.trainer.lr_decay_start) == ("linear", 0.75)
+    assert cfg.trainer.iterations * cfg.trainer.groups * cfg.trainer.group_size == 9984
+    assert cfg.trainer.eval_episodes == 256 and cfg.trainer.eval_samples == 8
+    assert cfg.trainer.iterations % cfg.trainer.eval_every == 0
 
 
 @pytest.mark.parametrize("path", TUNED, ids=lambda p: p.stem)
