@@ -390,6 +390,37 @@ def test_the_measured_collapse_is_flagged_and_the_healthy_seeds_are_not():
     assert echo == {"seed0": [], "seed1": [60], "seed2": []}  # what the runs' own logs flagged
 
 
+def test_the_monitor_warns_once_when_the_measured_reasoning_enters_template_collapse():
+    """The demo's MI measurements on a fresh clone (tests/data/mi_regime_fl_demo.json): the monitor reproduces the
+    run's logged regime at every measurement and warns each time the first turn's MI-Est falls below 0.1 log B: at
+    step 46 (one measurement) and at 151, not again at 156 while it stays there, nor after a checkpoint restored in
+    the collapse."""
+    cfg = SimpleNamespace(scopes=["first_turn"], mi_threshold_fraction=0.1, h_threshold=None)
+    rows = json.loads((Path(__file__).parent / "data" / "mi_regime_fl_demo.json").read_text())["rows"]
+    measured = lambda mi, h_cond, upper: {
+        "mi/first_turn/mi_est": mi,
+        "mi/first_turn/h_cond_est": h_cond,
+        "mi/first_turn/mi_upper_bound": upper,
+    }
+    monitor, warned = DiagnosticsMonitor(cfg, seed=0), []
+    for step, mi, h_cond, upper, logged in rows:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = monitor._regime(measured(mi, h_cond, upper), step)
+        assert out["mi/regime"] == logged
+        warned += [(step, str(w.message)) for w in caught]
+    assert [step for step, _ in warned] == [46, 151]
+    assert "template_collapse at step 151" in warned[1][1] and "algorithm.kl_coef" in warned[1][1]
+    restored = DiagnosticsMonitor(cfg, seed=0)
+    restored.load_state_dict(monitor.state_dict())
+    step, mi, h_cond, upper, _ = rows[-1]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        restored._regime(measured(mi, h_cond, upper), step)
+    assert not caught
+    assert restored._regime(measured(1.0, h_cond, upper), step + 5)["mi/regime"] == 0 and restored.regime == "diverse"
+
+
 def test_the_trainer_monitor_warns_at_the_measured_collapse_from_its_logged_metrics():
     """The trainer's monitor reads `env/success`, `policy/entropy` and `policy/grad_norm` from the iteration's
     metrics; fed the collapsed seed's iterations, it warns once per firing, and the state survives a checkpoint."""

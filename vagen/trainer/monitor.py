@@ -18,6 +18,8 @@ from vagen.diagnostics import REGIMES, classify_regime, echo_trap_update, mi_met
 from vagen.diagnostics.scoring import build_scoring_job, image_probe_metrics
 from vagen.rollout import Trajectory
 
+COLLAPSE_REGIMES = ("template_collapse", "low_entropy_collapse")
+
 
 class DiagnosticsMonitor:
     """Computes `mi/…` every `compute_freq` iterations and `echo/…` every iteration."""
@@ -27,6 +29,7 @@ class DiagnosticsMonitor:
         self.ema: dict[str, Any] = {}
         self.echo_state: dict[str, torch.Tensor] | None = None
         self.h_threshold: float | None = cfg.h_threshold
+        self.regime: str | None = None  # the last measured regime: a collapse warns when it begins
 
     def mi(self, learner: Any, trajectories: list[Trajectory], iteration: int) -> dict[str, float]:
         """MI proxies for each scope (and the image-dependence probe) on this iteration's batch. The model's side, the
@@ -53,7 +56,7 @@ class DiagnosticsMonitor:
             metrics.update({f"mi/{scope}/{name}": float(value) for name, value in values.items()})
             if scope == self.cfg.scopes[0] and self.cfg.image_probe:
                 metrics.update(self._image_probe(learner, job, scores))
-        metrics.update(self._regime(metrics))
+        metrics.update(self._regime(metrics, step=iteration + 1))
         metrics["perf/mi_s"] = time.perf_counter() - start
         return metrics
 
@@ -64,8 +67,10 @@ class DiagnosticsMonitor:
         values, self.ema["visual"] = image_probe_metrics(probe, self.ema.get("visual"))
         return {f"mi/{name}": float(value) for name, value in values.items()}
 
-    def _regime(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Place this step in the MI × H(Z|X) plane of the first scope (thresholds in the config)."""
+    def _regime(self, metrics: dict[str, float], step: int) -> dict[str, float]:
+        """Place this step in the MI × H(Z|X) plane of the first scope (thresholds in the config); warn when the
+        reasoning enters a collapse regime (input-agnostic: MI below its threshold). `step`: the iteration's step in
+        metrics.jsonl."""
         scope = self.cfg.scopes[0]
         mi, h_cond = metrics.get(f"mi/{scope}/mi_est"), metrics.get(f"mi/{scope}/h_cond_est")
         if mi is None or h_cond is None:
@@ -74,6 +79,16 @@ class DiagnosticsMonitor:
             self.h_threshold = 0.5 * h_cond
         mi_threshold = self.cfg.mi_threshold_fraction * metrics[f"mi/{scope}/mi_upper_bound"]
         regime = classify_regime(mi, h_cond, mi_threshold, self.h_threshold)
+        if regime in COLLAPSE_REGIMES and self.regime not in COLLAPSE_REGIMES:
+            warnings.warn(
+                f"Reasoning regime {regime} at step {step}: the {scope} reasoning's MI-Est with its input is "
+                f"{mi:.3f} nats, below {mi_threshold:.3f} (diagnostics.mi_threshold_fraction x log B), so it does "
+                "not depend on what the policy sees (docs/training.md, Regimes). Look at the run's GIFs; a "
+                "KL to the warm start (algorithm.kl_coef > 0; 0.05 kept sokoban_visual's readings, docs/learning.md) "
+                "holds the reasoning near the warm start's.",
+                stacklevel=2,
+            )
+        self.regime = regime
         return {
             "mi/regime": float(REGIMES.index(regime)),
             "mi/mi_threshold": mi_threshold,
@@ -111,8 +126,9 @@ class DiagnosticsMonitor:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"ema": self.ema, "echo": self.echo_state, "h_threshold": self.h_threshold}
+        return {"ema": self.ema, "echo": self.echo_state, "h_threshold": self.h_threshold, "regime": self.regime}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.ema, self.echo_state = state.get("ema", {}), state.get("echo")
         self.h_threshold = state.get("h_threshold", self.cfg.h_threshold)
+        self.regime = state.get("regime")
