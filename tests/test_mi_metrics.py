@@ -390,7 +390,7 @@ def test_the_measured_collapse_is_flagged_and_the_healthy_seeds_are_not():
     assert echo == {"seed0": [], "seed1": [60], "seed2": []}  # what the runs' own logs flagged
 
 
-def test_the_monitor_warns_once_when_the_measured_reasoning_enters_template_collapse():
+def test_the_monitor_warns_when_the_measured_reasoning_enters_template_collapse():
     """The demo's MI measurements on a fresh clone (tests/data/mi_regime_fl_demo.json): the monitor reproduces the
     run's logged regime at every measurement and warns each time the first turn's MI-Est falls below 0.1 log B: at
     step 46 (one measurement) and at 151, not again at 156 while it stays there, nor after a checkpoint restored in
