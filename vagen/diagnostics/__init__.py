@@ -5,6 +5,21 @@ functions turn them into metrics (logged under `mi/` and `echo/`).
 """
 
 from vagen.diagnostics.mi import mi_metrics
-from vagen.diagnostics.regimes import REGIMES, classify_regime, default_mi_threshold, echo_trap_init, echo_trap_update
+from vagen.diagnostics.regimes import (
+    COLLAPSE_REGIMES,
+    REGIMES,
+    classify_regime,
+    default_mi_threshold,
+    echo_trap_init,
+    echo_trap_update,
+)
 
-__all__ = ["REGIMES", "classify_regime", "default_mi_threshold", "echo_trap_init", "echo_trap_update", "mi_metrics"]
+__all__ = [
+    "COLLAPSE_REGIMES",
+    "REGIMES",
+    "classify_regime",
+    "default_mi_threshold",
+    "echo_trap_init",
+    "echo_trap_update",
+    "mi_metrics",
+]

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 REGIMES = ("diverse", "compressed", "template_collapse", "low_entropy_collapse")
+COLLAPSE_REGIMES = ("template_collapse", "low_entropy_collapse")  # I(X;Z) low: the reasoning ignores its input
 DEFAULT_MI_FRACTION = 0.1
 ECHO_SIGNALS = ("reward_std", "entropy", "grad_norm", "success")
 

@@ -14,11 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from vagen.diagnostics import REGIMES, classify_regime, echo_trap_update, mi_metrics
+from vagen.diagnostics import COLLAPSE_REGIMES, REGIMES, classify_regime, echo_trap_update, mi_metrics
 from vagen.diagnostics.scoring import build_scoring_job, image_probe_metrics
 from vagen.rollout import Trajectory
-
-COLLAPSE_REGIMES = ("template_collapse", "low_entropy_collapse")
 
 
 class DiagnosticsMonitor:
