@@ -2,7 +2,7 @@
 
     python research/bench_learning.py [arms=grpo,gigpo,starpo_s,gigpo_plr] [seeds=0,1,2] [episodes=10000]
                                      [eval_at=0,1000,2500,5000,10000] [eval_episodes=256] [jobs=1]
-                                     [paired_samples=0] [out=outputs/bench_learning]
+                                     [paired_samples=0] [paired_greedy=false] [out=outputs/bench_learning]
                                      [hydra overrides for scripts/train.py ...]
 
 An arm is a named set of `scripts/train.py` overrides (`ARMS` below: the algorithm presets, GiGPO with prioritised
@@ -20,7 +20,9 @@ Wilson interval, and each arm's mean over seeds, its change from episode 0 with 
 episodes against the shared start), and whether every seed gained. Draws `out/curves.png`: held-out success and the
 first-move probe against episodes, one line per arm (mean over seeds, 95% band). With `paired_samples=k` > 0, once
 every run has reached the last stage, `scripts/evaluate.py` replays the start and each run's last checkpoint k times
-per held-out seed for a second, paired-by-level table (`vagen.eval.paired_change`).
+per held-out seed for a second, paired-by-level table (`vagen.eval.paired_change`). With `paired_greedy=true` it
+also replays them once each, greedily: validation samples at T = 0.5, where a gain may be only the sharpening that
+greedy decoding of the warm start already gives (docs/learning.md measures both).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ DEFAULTS = {
     "eval_episodes": 256,
     "jobs": 1,
     "paired_samples": 0,
+    "paired_greedy": False,
     "out": "outputs/bench_learning",
 }
 # Every arm states its learning rate and GiGPO normalisation: the arms measured before the defaults became
@@ -395,10 +398,13 @@ def plot_curves(runs: dict[tuple[str, int], Path], per_iteration: int, path: Pat
     return save_figure(figure, path)
 
 
-def paired_config(runs: dict[tuple[str, int], Path], samples: int, seeds: int, out_dir: Path) -> DictConfig:
+def paired_config(
+    runs: dict[tuple[str, int], Path], samples: int, seeds: int, out_dir: Path, greedy: bool = False
+) -> DictConfig:
     """The scripts/evaluate.py config that plays the runs' warm start (their `model` config, entry first) and each
     run's last checkpoint `samples` times on each of the validation's first `seeds` seeds, with the runs' env and
-    the validation's sampling (`trainer.eval_temperature`, `rollout.max_new_tokens`)."""
+    the validation's sampling (`trainer.eval_temperature`, `rollout.max_new_tokens`); greedy: once, greedily."""
+    samples = 1 if greedy else samples
     run_configs = {run_dir: OmegaConf.load(run_dir / "config.yaml") for run_dir in runs.values()}
     first = next(iter(run_configs.values()))
     for run_dir, run_config in run_configs.items():
@@ -406,7 +412,7 @@ def paired_config(runs: dict[tuple[str, int], Path], samples: int, seeds: int, o
             raise ValueError(f"{run_dir} trained another env or model than the other runs; they share one warm start.")
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
         cfg = compose("evaluate", overrides=[f"out_dir={out_dir}", "plot=false", f"samples_per_seed={samples}"])
-    temperature = float(first.trainer.eval_temperature)
+    temperature = 0.0 if greedy else float(first.trainer.eval_temperature)
     cfg.models = [str(first.model.name), *(str(run_dir) for run_dir in runs.values())]
     cfg.model_overrides = first.model  # the warm start exactly as trained (model.path=..., dtype, ...)
     cfg.envs = [str(first.env.name)]
@@ -431,14 +437,18 @@ def interval(mean: float, low: float, high: float) -> str:
     return f"{mean * 100:+.1f} pts [{low * 100:+.1f}, {high * 100:+.1f}]"
 
 
-def paired_summary(runs: dict[tuple[str, int], Path], samples: int, seeds: int, out_dir: Path) -> str:
-    """Evaluate the warm start and every run `samples` times per seed; the table of changes paired by level."""
+def paired_summary(
+    runs: dict[tuple[str, int], Path], samples: int, seeds: int, out_dir: Path, greedy: bool = False
+) -> str:
+    """Evaluate the warm start and every run `samples` times per seed (greedy: once each, greedily); the table of
+    changes paired by level."""
     shutil.rmtree(out_dir, ignore_errors=True)  # the runs were just retrained: old episodes are not theirs
-    cfg = paired_config(runs, samples, seeds, out_dir)
+    cfg = paired_config(runs, samples, seeds, out_dir, greedy)
     base_row, *run_rows = evaluate(cfg, ROOT / "configs").rows
     before = success_by_seed(cfg, base_row["model"])
+    plays = "greedy decoding, once each" if greedy else f"{samples} samples each"
     lines = [
-        f"Paired re-measurement: {seeds} held-out seeds x {samples} samples each, warm start "
+        f"Paired re-measurement: {seeds} held-out seeds x {plays}, warm start "
         f"{base_row['success']:.1%} ({base_row['model']}, `{out_dir}`).",
         "",
         "| arm | seed | after | paired change [95% CI] |",
@@ -503,10 +513,14 @@ def main(argv: list[str]) -> None:
         (out / "summary.md").write_text(table + "\n")
         print(table, flush=True)
         print(f"curves: {plot_curves(runs, per_iteration, out / 'curves.png')}", flush=True)
+    tables = [table]
     if paired_samples > 0:
-        paired = paired_summary(runs, paired_samples, episodes, out / "paired")
-        (out / "summary.md").write_text(f"{table}\n\n{paired}\n")
-        print(f"\n{paired}")
+        tables.append(paired_summary(runs, paired_samples, episodes, out / "paired"))
+    if options.paired_greedy:
+        tables.append(paired_summary(runs, 1, episodes, out / "paired_greedy", greedy=True))
+    if len(tables) > 1:
+        (out / "summary.md").write_text("\n\n".join(tables) + "\n")
+        print("\n" + "\n\n".join(tables[1:]))
 
 
 if __name__ == "__main__":

@@ -359,8 +359,9 @@ def test_bench_learning_resumes_and_never_replays_a_validated_stage(tmp_path, mo
 
 
 def test_bench_learning_pairs_each_run_with_the_warm_start_by_level(tmp_path):
-    """The paired re-measurement plays the warm start and each run's last checkpoint k times per held-out seed, with
-    the runs' env and rollout settings, and its table is the per-level difference of those episodes."""
+    """The paired re-measurement plays the warm start and each run's last checkpoint k times per held-out seed (or
+    once, greedily), with the runs' env and rollout settings, and its table is the per-level difference of those
+    episodes."""
     from vagen.eval import outcomes_by_seed, paired_change
 
     bench = bench_learning()
@@ -378,21 +379,33 @@ def test_bench_learning_pairs_each_run_with_the_warm_start_by_level(tmp_path):
         "grpo-seed1@iter1",
         "tiny_vl_test",
     ]
-    rates = {}
-    for label in ("tiny_vl_test", "grpo-seed0@iter1", "grpo-seed1@iter1"):
-        episodes = sorted((out / label / "sokoban_visual" / "episodes").glob("*.json"))
-        records = [json.loads(path.read_text()) for path in episodes]
-        assert [r["seed"] for r in records] == [EVAL_SEED_BASE + k for k in range(3) for _ in range(2)]
-        assert all(1 <= r["turns"] <= 2 for r in records)  # the runs' env.kwargs.max_turns=2
-        assert all(r["response_tokens"] <= 12 * r["turns"] for r in records)  # their rollout.max_new_tokens=12
-        rates[label] = {seed: sum(wins) / len(wins) for seed, wins in outcomes_by_seed(records).items()}
-    base = rates["tiny_vl_test"]
-    for seed in (0, 1):
-        after = rates[f"grpo-seed{seed}@iter1"]
-        mean, low, high, _ = paired_change(base, after)
-        assert f"| grpo | {seed} | {sum(after.values()) / 3:.1%} | {bench.interval(mean, low, high)} |" in table
-    mean_after = {s: (rates["grpo-seed0@iter1"][s] + rates["grpo-seed1@iter1"][s]) / 2 for s in base}
-    assert f"| grpo | 2 | {bench.interval(*paired_change(base, mean_after)[:3])} |" in table
+
+    def check(out, table, samples, temperature):
+        """Each side played every seed `samples` times at `temperature` with the runs' settings; the table's rows are
+        the per-level differences of those episodes."""
+        rates = {}
+        for label in ("tiny_vl_test", "grpo-seed0@iter1", "grpo-seed1@iter1"):
+            cell = out / label / "sokoban_visual"
+            records = [json.loads(path.read_text()) for path in sorted((cell / "episodes").glob("*.json"))]
+            assert [r["seed"] for r in records] == [EVAL_SEED_BASE + k for k in range(3) for _ in range(samples)]
+            assert all(1 <= r["turns"] <= 2 for r in records)  # the runs' env.kwargs.max_turns=2
+            assert all(r["response_tokens"] <= 12 * r["turns"] for r in records)  # their rollout.max_new_tokens=12
+            assert json.loads((cell / "settings.json").read_text())["sampling"]["temperature"] == temperature
+            rates[label] = {seed: sum(wins) / len(wins) for seed, wins in outcomes_by_seed(records).items()}
+        base = rates["tiny_vl_test"]
+        for seed in (0, 1):
+            after = rates[f"grpo-seed{seed}@iter1"]
+            mean, low, high, _ = paired_change(base, after)
+            assert f"| grpo | {seed} | {sum(after.values()) / 3:.1%} | {bench.interval(mean, low, high)} |" in table
+        mean_after = {s: (rates["grpo-seed0@iter1"][s] + rates["grpo-seed1@iter1"][s]) / 2 for s in base}
+        assert f"| grpo | 2 | {bench.interval(*paired_change(base, mean_after)[:3])} |" in table
+
+    check(out, table, samples=2, temperature=0.5)
+    assert "3 held-out seeds x 2 samples each" in table
+    # paired_greedy: the same pairing with each side played once per seed, greedily
+    greedy = bench.paired_summary(runs, samples=2, seeds=3, out_dir=tmp_path / "greedy", greedy=True)
+    check(tmp_path / "greedy", greedy, samples=1, temperature=0.0)
+    assert "3 held-out seeds x greedy decoding, once each" in greedy
 
     other_env = {("grpo", 0): runs[("grpo", 0)], ("grpo", 2): tmp_path / "other"}
     (tmp_path / "other").mkdir()
