@@ -331,14 +331,16 @@ def summary(runs: dict[tuple[str, int], Path], stages: list[int], per_iteration:
         lines += [
             f"### {iteration * per_iteration} episodes (iteration {iteration})",
             "",
-            "| arm | seed | held-out success [95% CI] | first-move mass | readings exact | training minutes |",
-            "|---|---|---|---|---|---|",
+            "| arm | seed | held-out success [95% CI] | greedy | first-move mass | readings exact | training minutes |",
+            "|---|---|---|---|---|---|---|",
         ]
         for (arm, seed), v in validated.items():
             mass = v[iteration].get("val/move_optimal_mass", float("nan"))
             reading = v[iteration].get("val/reading_exact", float("nan"))  # absent in runs before 2026-11-28
+            greedy = v[iteration].get("val/greedy_success", float("nan"))  # trainer.eval_greedy, since 2026-12-04
             lines.append(
-                f"| {arm} | {seed} | {cell(v[iteration])} | {mass:.3f} | {reading:.1%} | {minutes[arm, seed]:.1f} |"
+                f"| {arm} | {seed} | {cell(v[iteration])} | {greedy:.1%} | {mass:.3f} | {reading:.1%} | "
+                f"{minutes[arm, seed]:.1f} |"
             )
         if iteration > 0:
             lines += [

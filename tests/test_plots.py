@@ -70,7 +70,8 @@ def synthetic_records(iterations: int = 60, seed: int = 0) -> list[dict]:
         if step % 10 == 0 or step == iterations - 1:  # held-out validation, as the trainer logs it
             held_out = float(np.clip(success + 0.05, 0, 1))
             record.update({"val/success": held_out, "val/success_ci_low": max(0.0, held_out - 0.06),
-                           "val/success_ci_high": min(1.0, held_out + 0.06), "val/episodes": 256.0})  # fmt: skip
+                           "val/success_ci_high": min(1.0, held_out + 0.06), "val/episodes": 256.0,
+                           "val/greedy_success": float(np.clip(held_out + 0.03, 0, 1))})  # fmt: skip
         records.append(record)
     return records
 
@@ -148,6 +149,9 @@ def test_training_figure_has_one_titled_panel_per_metric_group(records):
     held_out_axes = figure.axes[0]
     assert next(line.get_label() for line in held_out_axes.get_lines()).startswith("held-out success (256 episodes")
     assert len(held_out_axes.collections) == 1  # the 95% interval band
+    (greedy,) = [line for line in held_out_axes.get_lines() if line.get_label() == "held-out success, greedy"]
+    logged = [(r["step"], r["val/greedy_success"]) for r in records if "val/greedy_success" in r]
+    assert list(zip(greedy.get_xdata(), greedy.get_ydata(), strict=True)) == logged
     success_axes = figure.axes[1]
     assert success_axes.get_ylabel() == "episodes solved (%)"
     assert any("avg" in line.get_label() for line in success_axes.get_lines())  # the moving average is drawn

@@ -41,6 +41,7 @@ def test_validation_is_deterministic_and_does_not_move_the_training_cursor():
         "val/success_ci_high",
         "val/episodes",
         "val/levels",
+        "val/greedy_success",
     }
     assert first["val/episodes"] == first["val/levels"] == 12 and trainer.seed_cursor == cursor
     low, high = wilson_interval(round(first["val/success"] * 12), 12)
@@ -66,6 +67,33 @@ def test_validation_with_several_samples_per_level_keeps_sample_0_and_pairs_by_l
     assert val["val/episodes"] == 24 and val["val/levels"] == 8
     assert val["val/success"] == pytest.approx(sum(by_level.values()) / 8)
     assert (val["val/success_ci_low"], val["val/success_ci_high"]) == wilson_interval(sum(by_level.values()), 8)
+
+
+def test_greedy_validation_plays_each_level_once_by_the_argmax_and_keeps_its_outcomes():
+    """trainer.eval_greedy=true: each validation also plays every held-out level once, every sampled token the
+    model's argmax given the dialogue before it (teacher-forced check), as `val/greedy_success` and, by level, in
+    `greedy_history`; the sampled validation is the one without it."""
+    import torch
+
+    overrides = [*TEXT, "trainer.eval_episodes=8", "trainer.eval_move_probe=false"]
+    plain = StarPOTrainer(config([*overrides, "trainer.eval_greedy=false"])).validate()
+    trainer = StarPOTrainer(config([*overrides, "trainer.eval_greedy=true"]))
+    greedy_episodes = trainer.learner.play_held_out(range(8), greedy=True)
+    val = trainer.validate()
+    assert {k: v for k, v in val.items() if k != "val/greedy_success"} == plain
+    assert [t.seed for t in greedy_episodes] == eval_seeds(8)
+    assert trainer.greedy_history == {0: {t.seed: float(t.success) for t in greedy_episodes}}
+    assert val["val/greedy_success"] == sum(t.success for t in greedy_episodes) / 8
+    model = trainer.learner.model
+    checked = 0
+    for episode in greedy_episodes:
+        ids, mask = episode.token_ids_and_mask()
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0]
+        sampled = [p for p, m in enumerate(mask) if m]
+        assert [int(logits[p - 1].argmax()) for p in sampled] == [ids[p] for p in sampled]
+        checked += len(sampled)
+    assert checked > 8
 
 
 def test_reading_metrics_replay_each_turn_against_the_demonstration_reading():
@@ -145,10 +173,21 @@ def test_held_out_line_pairs_the_levels_and_adds_the_probe_where_both_validation
     end = end | {"val/episodes": 8.0}
     line = held_out_line(start, end, 64, before, {7: 0.5, 8: 0.0, 9: 1.0, 10: 1.0})
     assert "+12.5 pts [-12.0, +37.0] paired over 4 held-out levels x 2 samples; mass" in line
+    # With the greedy outcomes before and after (trainer.eval_greedy), their paired change ends the line; by hand as
+    # above, with the sides swapped: differences (-1, 0, 0, 0).
+    line = held_out_line(start, end, 64, before, after, greedy=(after, before))
+    assert line.endswith("0.714 -> 0.725; greedy 75.0% -> 50.0%: -25.0 pts [-74.0, +24.0]")
+    assert held_out_line(start, end, 64, before, after, greedy=({7: 1.0}, {7: 0.0})).endswith("0.714 -> 0.725")
 
 
 def test_run_validates_at_start_every_k_and_end_and_prints_the_held_out_line(tmp_path, capsys):
-    overrides = [*TEXT, "trainer.eval_every=2", "trainer.eval_episodes=6", "trainer.save_every=1"]
+    overrides = [
+        *TEXT,
+        "trainer.eval_every=2",
+        "trainer.eval_episodes=6",
+        "trainer.save_every=1",
+        "trainer.eval_greedy=true",
+    ]
     cfg = config([*overrides, "trainer.iterations=3"], tmp_path)
     per_iteration = cfg.trainer.groups * cfg.trainer.group_size
     run_dir = train(cfg)
@@ -159,6 +198,8 @@ def test_run_validates_at_start_every_k_and_end_and_prints_the_held_out_line(tmp
     first, last = records[0]["val/success"], records[-1]["val/success"]
     expected = f"held-out success {first:.1%} -> {last:.1%} after {3 * per_iteration} training episodes: "
     assert expected in out.out and "paired over 6 held-out levels" in out.out
+    greedy = f"; greedy {records[0]['val/greedy_success']:.1%} -> {records[-1]['val/greedy_success']:.1%}: "
+    assert greedy in out.out  # trainer.eval_greedy: the greedy outcomes' paired change, from iteration 0 to the end
     # A resumed run still knows where it started: the line compares with iteration 0 (its success and each level's
     # outcome, kept in the checkpoint), not with the resume point.
     train(config([*overrides, "trainer.iterations=4"], tmp_path))
@@ -173,11 +214,11 @@ def test_run_validates_at_start_every_k_and_end_and_prints_the_held_out_line(tmp
     assert len(read_metrics(run_dir)) == len(records)
     assert line in capsys.readouterr().out.splitlines()
     # The checkpoint keeps every validation's outcome per level, by iteration, across the resume.
-    history = read_state(latest_checkpoint(run_dir))["val_history"]
-    assert sorted(history) == [0, 2, 3, 4] and all(sorted(h) == eval_seeds(6) for h in history.values())
-    assert [sum(history[k].values()) / 6 for k in (0, 2, 3, 4)] == [
-        r["val/success"] for r in records if "val/success" in r
-    ]
+    state = read_state(latest_checkpoint(run_dir))
+    for name, metric in (("val_history", "val/success"), ("greedy_history", "val/greedy_success")):
+        history = state[name]
+        assert sorted(history) == [0, 2, 3, 4] and all(sorted(h) == eval_seeds(6) for h in history.values())
+        assert [sum(history[k].values()) / 6 for k in (0, 2, 3, 4)] == [r[metric] for r in records if metric in r]
 
 
 def test_compare_runs_pairs_each_pair_and_the_mean_run_by_level():
@@ -352,6 +393,11 @@ def test_bench_learning_resumes_and_never_replays_a_validated_stage(tmp_path, mo
         assert sorted(validated) == [0, 1, 2] and validated[1] == first[arm][1]
         assert (run_dir / "config.until_iter_000001.yaml").exists()  # the second segment resumed at iteration 1
     assert "### 8 episodes (iteration 2)" in (out / "summary.md").read_text() and (out / "curves.png").exists()
+    # each run's row has its greedy held-out success (trainer.eval_greedy) beside the sampled one
+    last_stage = (out / "summary.md").read_text().split("### 8 episodes (iteration 2)")[1]
+    row = next(line for line in last_stage.splitlines() if line.startswith("| grpo | 0 |"))
+    logged = next(r for r in read_metrics(out / "grpo-seed0") if r["step"] == 2 and "val/greedy_success" in r)
+    assert row.split(" | ")[3] == f"{logged['val/greedy_success']:.1%}"
     calls = []
     monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: calls.append(a))
     bench.main([*args, "episodes=8", "eval_at=0,4,8"])

@@ -108,6 +108,7 @@ OPTIONS: dict[str, Option] = {
     "trainer.eval_episodes": Option(int, "[1, inf)", "held-out levels per validation"),
     "trainer.eval_samples": Option(int, "[1, inf)", "episodes per held-out level in each validation"),
     "trainer.eval_temperature": Option(float, TEMPERATURE, "sampling temperature of validation (0 = greedy)"),
+    "trainer.eval_greedy": Option(bool, "", "each validation also plays every held-out level once, greedily"),
     "trainer.eval_move_probe": Option(bool, "", "each validation also scores the first-move probe"),
     "trainer.reuse_first_forward": Option(bool, "", "the first mini-batch's old log-probs come from its forward"),
     "trainer.old_logprobs": Option(str, OLD_LOGPROBS, "the other mini-batches' old log-probs: recompute (a no-grad "

@@ -3,7 +3,7 @@ their optimizers and the rollout engine, and nothing of the loop. Its public API
 (`vagen.trainer.starpo.StarPOTrainer`), the Ray workers (`vagen.trainer.workers`) and the experiments use:
 
     collect(group_seeds, sampling)      rollouts of the training levels
-    play_held_out(episodes)             held-out episodes with the evaluator's sampling
+    play_held_out(episodes, greedy)     held-out episodes with the evaluator's sampling, or greedily
     move_probe()                        the first-move probe on the held-out starts
     cross_score(job) / image_probe(job) the model's side of the MI diagnostics
     score(batch)                        old and reference log-probs, old values, advantages
@@ -265,19 +265,20 @@ class Learner:
         )
         return collect_rollouts(self._make_env, self.engine, self.formatter, spec, sampling)
 
-    def play_held_out(self, episodes: range) -> list[Trajectory]:
-        """Play held-out episodes `episodes` (all of them, or a worker's share) with the evaluator's sampling."""
+    def play_held_out(self, episodes: range, greedy: bool = False) -> list[Trajectory]:
+        """Play held-out episodes `episodes` (all of them, or a worker's share) with the evaluator's sampling
+        (`trainer.eval_temperature`, `trainer.eval_samples` per level), or greedy: once per level, greedily."""
         trainer, env_cfg = self.cfg.trainer, self.cfg.env
         return validation_episodes(
             self._make_env,
             self.engine,
             self.formatter,
             episodes=episodes,
-            temperature=trainer.eval_temperature,
+            temperature=0.0 if greedy else trainer.eval_temperature,
             max_new_tokens=self.cfg.rollout.max_new_tokens,
             max_context_tokens=self.cfg.rollout.max_context_tokens,
             env_name=env_cfg.name,
-            samples=trainer.eval_samples,
+            samples=1 if greedy else trainer.eval_samples,
         )
 
     def _make_env(self) -> Any:

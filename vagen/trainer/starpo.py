@@ -132,6 +132,7 @@ class StarPOTrainer:
         self.val_outcomes: dict[int, float] = {}  # the last validation's success per held-out seed
         self.initial_outcomes: dict[int, float] = {}  # the same before training (the held-out line pairs them)
         self.val_history: dict[int, dict[int, float]] = {}  # every validation's val_outcomes, by iteration
+        self.greedy_history: dict[int, dict[int, float]] = {}  # the same, played greedily (trainer.eval_greedy)
         self.learner = learner if learner is not None else build_learner(cfg)
 
     # ---- one iteration -------------------------------------------------------------------
@@ -228,12 +229,20 @@ class StarPOTrainer:
         """`val/` metrics: the current policy on `trainer.eval_episodes` fixed held-out seeds (deterministic),
         `trainer.eval_samples` times each, with the first-move probe. Each seed's success rate stays in
         `val_outcomes` (the held-out line pairs them by level) and in `val_history` under this iteration (the
-        checkpoints carry it: `research/compare_runs.py` pairs two runs' validations by level)."""
-        episodes = self.learner.play_held_out(range(self.cfg.trainer.eval_episodes))
+        checkpoints carry it: `research/compare_runs.py` pairs two runs' validations by level). With
+        `trainer.eval_greedy` each level is also played once greedily: `val/greedy_success`, and its outcomes in
+        `greedy_history`."""
+        levels = range(self.cfg.trainer.eval_episodes)
+        episodes = self.learner.play_held_out(levels)
         self.val_outcomes = success_by_level(episodes)
         self.val_history[self.iteration] = self.val_outcomes
         reading = reading_metrics(lambda: make_env(self.cfg.env.id, **self.cfg.env.kwargs), episodes)
-        return validation_metrics(episodes) | reading | self.learner.move_probe()
+        metrics = validation_metrics(episodes) | reading | self.learner.move_probe()
+        if self.cfg.trainer.eval_greedy:
+            greedy = success_by_level(self.learner.play_held_out(levels, greedy=True))
+            self.greedy_history[self.iteration] = greedy
+            metrics["val/greedy_success"] = sum(greedy.values()) / len(greedy)
+        return metrics
 
     # ---- checkpoints -----------------------------------------------------------------------
     def save(self, keep_last: int) -> Path:
@@ -260,6 +269,7 @@ class StarPOTrainer:
             "initial_outcomes": self.initial_outcomes,
             "val_outcomes": self.val_outcomes,
             "val_history": self.val_history,
+            "greedy_history": self.greedy_history,
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -269,6 +279,7 @@ class StarPOTrainer:
         self.initial_outcomes = dict(state.get("initial_outcomes", {}))  # absent in checkpoints before 2026-11-27
         self.val_outcomes = dict(state.get("val_outcomes", {}))
         self.val_history = {int(k): dict(v) for k, v in state.get("val_history", {}).items()}  # since 2026-11-30
+        self.greedy_history = {int(k): dict(v) for k, v in state.get("greedy_history", {}).items()}  # since 2026-12-04
         self.monitor.load_state_dict(state.get("diagnostics", {}))
 
     def fingerprint(self) -> dict[str, Any]:

@@ -213,11 +213,11 @@ class RayLearners:
         ]
         return [trajectory for part in self._gather("rollout", refs) for trajectory in part]
 
-    def play_held_out(self, episodes: range) -> list[Trajectory]:
+    def play_held_out(self, episodes: range, greedy: bool = False) -> list[Trajectory]:
         """Each replica plays a contiguous share of the held-out episodes."""
         shares = contiguous_shares(len(episodes), len(self.workers))
         refs = [
-            worker.call.remote("play_held_out", episodes[share.start : share.stop])
+            worker.call.remote("play_held_out", episodes[share.start : share.stop], greedy)
             for worker, share in zip(self.workers, shares, strict=True)
         ]
         return [trajectory for part in self._gather("validation", refs) for trajectory in part]

@@ -225,6 +225,7 @@ def draw_held_out(ax: Axes, records: Records, label: str = "held-out", colour: s
 def _draw_held_out(ax: Axes, records: Records) -> None:
     episodes = last_value(records, "val/episodes")
     draw_held_out(ax, records, label=f"held-out success ({episodes:.0f} episodes, 95% CI)")
+    _curve(ax, records, "val/greedy_success", "held-out success, greedy", "tab:red", False, "--")
     _curve(ax, records, "val/move_optimal_mass", "held-out mass on optimal first moves (probe)", "tab:orange", False)
     _curve(ax, records, "env/success", "training rollouts", "tab:green")
     ax.set_ylim(-0.03, 1.03)
