@@ -40,7 +40,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from vagen.cli import script_options
-from vagen.eval import CellStore, evaluate, outcomes_by_seed, paired_change
+from vagen.eval import CellStore, change_text, evaluate, outcomes_by_seed, paired_change
 from vagen.eval.runner import episode_seeds
 from vagen.logging import read_metrics
 from vagen.viz.plots import new_figure, save_figure
@@ -355,7 +355,7 @@ def summary(runs: dict[tuple[str, int], Path], stages: list[int], per_iteration:
                 mean, change, low, high = arm_change(before, afters)
                 positive = all(validated[k][iteration]["val/success"] > validated[k][0]["val/success"] for k in keys)
                 lines.append(
-                    f"| {arm} | {len(keys)} | {mean:.1%} | {interval(change, low, high)} | "
+                    f"| {arm} | {len(keys)} | {mean:.1%} | {change_text(change, low, high)} | "
                     f"{'yes' if positive else 'no'} |"
                 )
         lines.append("")
@@ -435,10 +435,6 @@ def success_by_seed(cfg: DictConfig, label: str) -> dict[int, float]:
     return {seed: sum(wins) / len(wins) for seed, wins in outcomes_by_seed(records).items()}
 
 
-def interval(mean: float, low: float, high: float) -> str:
-    return f"{mean * 100:+.1f} pts [{low * 100:+.1f}, {high * 100:+.1f}]"
-
-
 def paired_summary(
     runs: dict[tuple[str, int], Path], samples: int, seeds: int, out_dir: Path, greedy: bool = False
 ) -> str:
@@ -463,7 +459,7 @@ def paired_summary(
         mean, low, high, _ = paired_change(before, after)
         after_by_algorithm.setdefault(algorithm, []).append(after)
         lows.setdefault(algorithm, []).append(low)
-        lines.append(f"| {algorithm} | {seed} | {row['success']:.1%} | {interval(mean, low, high)} |")
+        lines.append(f"| {algorithm} | {seed} | {row['success']:.1%} | {change_text(mean, low, high)} |")
     lines += [
         "",
         "| arm | training seeds | mean change [95% CI] | measurable gain | every run's interval above 0 |",
@@ -474,7 +470,7 @@ def paired_summary(
         mean_after = {seed: statistics.mean(after[seed] for after in afters) for seed in afters[0]}
         mean, low, high, _ = paired_change(before, mean_after)
         lines.append(
-            f"| {algorithm} | {len(afters)} | {interval(mean, low, high)} | {'yes' if low > 0 else 'no'} | "
+            f"| {algorithm} | {len(afters)} | {change_text(mean, low, high)} | {'yes' if low > 0 else 'no'} | "
             f"{'yes' if all(v > 0 for v in lows[algorithm]) else 'no'} |"
         )
     return "\n".join(lines)

@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 from vagen.cli import script_options
 from vagen.logging import read_metrics
-from vagen.rollout.validation import paired_change
+from vagen.rollout.validation import change_text, paired_change
 from vagen.trainer.checkpoint import latest_checkpoint, read_state
 
 DEFAULTS = {"a": "", "b": "", "at": -1, "at_a": -1, "save": ""}
@@ -131,7 +131,7 @@ def pct(value: float) -> str:
 
 def change(before: dict[int, float], after: dict[int, float]) -> str:
     mean, low, high, levels = paired_change(before, after)
-    return f"{mean * 100:+.1f} pts [{low * 100:+.1f}, {high * 100:+.1f}] over {levels} levels"
+    return f"{change_text(mean, low, high)} over {levels} levels"
 
 
 def compare(a: list[Run], b: list[Run], at: int, at_a: int) -> str:

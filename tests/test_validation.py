@@ -442,9 +442,9 @@ def test_bench_learning_pairs_each_run_with_the_warm_start_by_level(tmp_path):
         for seed in (0, 1):
             after = rates[f"grpo-seed{seed}@iter1"]
             mean, low, high, _ = paired_change(base, after)
-            assert f"| grpo | {seed} | {sum(after.values()) / 3:.1%} | {bench.interval(mean, low, high)} |" in table
+            assert f"| grpo | {seed} | {sum(after.values()) / 3:.1%} | {bench.change_text(mean, low, high)} |" in table
         mean_after = {s: (rates["grpo-seed0@iter1"][s] + rates["grpo-seed1@iter1"][s]) / 2 for s in base}
-        assert f"| grpo | 2 | {bench.interval(*paired_change(base, mean_after)[:3])} |" in table
+        assert f"| grpo | 2 | {bench.change_text(*paired_change(base, mean_after)[:3])} |" in table
 
     check(out, table, samples=2, temperature=0.5)
     assert "3 held-out seeds x 2 samples each" in table

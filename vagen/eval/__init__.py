@@ -12,7 +12,7 @@ from vagen.eval.summary import (
     write_summary,
 )
 from vagen.rollout.chat import EpisodeResult, Reply, TurnResult, api_responder, play_chat_episodes, policy_responder
-from vagen.rollout.validation import EVAL_SEED_BASE, eval_seeds, paired_change, wilson_interval
+from vagen.rollout.validation import EVAL_SEED_BASE, change_text, eval_seeds, paired_change, wilson_interval
 
 __all__ = [
     "EVAL_MODES",
@@ -24,6 +24,7 @@ __all__ = [
     "Reply",
     "TurnResult",
     "api_responder",
+    "change_text",
     "check_mode",
     "episode_record",
     "eval_seeds",

@@ -66,6 +66,11 @@ def paired_change(
     return mean, mean - half_width, mean + half_width, len(seeds)
 
 
+def change_text(mean: float, low: float, high: float) -> str:
+    """A change in success rate and its interval, in percentage points: `+7.4 pts [+3.1, +11.7]`."""
+    return f"{mean * 100:+.1f} pts [{low * 100:+.1f}, {high * 100:+.1f}]"
+
+
 def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     """success, reward (mean return), turns per episode and format_ok (fraction of turns) of played episodes."""
     turns = [turn for t in trajectories for turn in t.turns]

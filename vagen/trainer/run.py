@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from vagen.logging import MetricsLogger, ProgressBar, read_metrics
 from vagen.logging.sinks import METRICS_FILENAME
 from vagen.rollout import Trajectory
-from vagen.rollout.validation import paired_change
+from vagen.rollout.validation import change_text, paired_change
 from vagen.trainer.checkpoint import is_disk_full, latest_checkpoint, verify_checkpoint
 from vagen.trainer.lock import run_dir_lock
 from vagen.trainer.starpo import StarPOTrainer, run_fingerprint
@@ -101,11 +101,6 @@ def save_segment_config(cfg: DictConfig, run_dir: Path, iteration: int) -> Path:
     return path
 
 
-def _points(mean: float, low: float, high: float) -> str:
-    """A change in success and its interval, in percentage points: `+7.4 pts [+3.1, +11.7]`."""
-    return f"{mean * 100:+.1f} pts [{low * 100:+.1f}, {high * 100:+.1f}]"
-
-
 def _probe_text(val: dict[str, float]) -> str:
     return f"mass on optimal first moves {val['val/move_optimal_mass']:.3f}"
 
@@ -130,7 +125,7 @@ def held_out_line(
     )
     if first_outcomes and last_outcomes and len(first_outcomes.keys() & last_outcomes.keys()) >= 2:
         mean, low, high, levels = paired_change(first_outcomes, last_outcomes)
-        line += f": {_points(mean, low, high)} paired over {levels} held-out levels"
+        line += f": {change_text(mean, low, high)} paired over {levels} held-out levels"
         samples = round(last["val/episodes"] / len(last_outcomes))
         line += f" x {samples} samples" if samples > 1 else ""
     else:
@@ -140,7 +135,7 @@ def held_out_line(
     if greedy and len(greedy[0].keys() & greedy[1].keys()) >= 2:
         mean, low, high, _ = paired_change(*greedy)
         rates = [sum(outcomes.values()) / len(outcomes) for outcomes in greedy]
-        line += f"; greedy {rates[0]:.1%} -> {rates[1]:.1%}: {_points(mean, low, high)}"
+        line += f"; greedy {rates[0]:.1%} -> {rates[1]:.1%}: {change_text(mean, low, high)}"
     return line
 
 
