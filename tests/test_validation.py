@@ -96,6 +96,22 @@ def test_greedy_validation_plays_each_level_once_by_the_argmax_and_keeps_its_out
     assert checked > 8
 
 
+def test_a_greedy_validation_is_not_played_twice_for_its_greedy_part():
+    """trainer.eval_temperature=0: the validation itself plays greedily, so its outcomes are the greedy part's and
+    the held-out levels are played once, not twice."""
+    trainer = StarPOTrainer(
+        config([*TEXT, "trainer.eval_episodes=8", "trainer.eval_move_probe=false", "trainer.eval_temperature=0"])
+    )
+    played = []
+    play = trainer.learner.play_held_out
+    trainer.learner.play_held_out = lambda levels, greedy=False: played.append(greedy) or play(levels, greedy)
+    val = trainer.validate()
+    assert played == [False]
+    assert trainer.greedy_history == {0: trainer.val_outcomes}
+    assert val["val/greedy_success"] == val["val/success"]
+    assert trainer.val_outcomes == {t.seed: float(t.success) for t in play(range(8), greedy=True)}
+
+
 def test_reading_metrics_replay_each_turn_against_the_demonstration_reading():
     """frozenlake_text: two held-out episodes played by the solver with the demonstration's reading (every turn exact,
     every fact right) and one whose single reading puts the goal on the wrong side and no hole anywhere."""

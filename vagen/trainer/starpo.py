@@ -239,7 +239,9 @@ class StarPOTrainer:
         reading = reading_metrics(lambda: make_env(self.cfg.env.id, **self.cfg.env.kwargs), episodes)
         metrics = validation_metrics(episodes) | reading | self.learner.move_probe()
         if self.cfg.trainer.eval_greedy:
-            greedy = success_by_level(self.learner.play_held_out(levels, greedy=True))
+            greedy = self.val_outcomes  # a validation at eval_temperature 0 already played every level greedily
+            if self.cfg.trainer.eval_temperature != 0:
+                greedy = success_by_level(self.learner.play_held_out(levels, greedy=True))
             self.greedy_history[self.iteration] = greedy
             metrics["val/greedy_success"] = sum(greedy.values()) / len(greedy)
         return metrics
