@@ -101,6 +101,11 @@ def save_segment_config(cfg: DictConfig, run_dir: Path, iteration: int) -> Path:
     return path
 
 
+def _pairable(before: dict[int, float] | None, after: dict[int, float] | None) -> bool:
+    """Whether two validations' outcomes by level share the 2 levels a paired change needs."""
+    return bool(before and after and len(before.keys() & after.keys()) >= 2)
+
+
 def _probe_text(val: dict[str, float]) -> str:
     return f"mass on optimal first moves {val['val/move_optimal_mass']:.3f}"
 
@@ -123,7 +128,7 @@ def held_out_line(
         f"held-out success {first['val/success']:.1%} -> {last['val/success']:.1%} "
         f"after {trained_episodes:,} training episodes"
     )
-    if first_outcomes and last_outcomes and len(first_outcomes.keys() & last_outcomes.keys()) >= 2:
+    if _pairable(first_outcomes, last_outcomes):
         mean, low, high, levels = paired_change(first_outcomes, last_outcomes)
         line += f": {change_text(mean, low, high)} paired over {levels} held-out levels"
         samples = round(last["val/episodes"] / len(last_outcomes))
@@ -132,7 +137,7 @@ def held_out_line(
         line += f" ({last['val/episodes']:.0f} held-out episodes)"
     if "val/move_optimal_mass" in first and "val/move_optimal_mass" in last:
         line += f"; {_probe_text(first)} -> {last['val/move_optimal_mass']:.3f}"
-    if greedy and len(greedy[0].keys() & greedy[1].keys()) >= 2:
+    if greedy and _pairable(*greedy):
         mean, low, high, _ = paired_change(*greedy)
         rates = [sum(outcomes.values()) / len(outcomes) for outcomes in greedy]
         line += f"; greedy {rates[0]:.1%} -> {rates[1]:.1%}: {change_text(mean, low, high)}"
