@@ -161,6 +161,8 @@ class FrozenLakeTextEnv(LanguageEnv):
     `G` goal, `X` player in a hole, `√` player on the goal, `cell_separator` between the cells of a row
     (see `check_cell_separator`). `grid()` gives the same as codes. With `list_positions`, a line under the grid
     also lists the (row, col) of the player, the goal and every hole (`state_objects`).
+    With `hole_labels` (supervised warm starts only), the vision pre-training also learns every tile's hole
+    neighbours (`tile_facts`).
 
     ## Rewards
     +1 for reaching the goal, 0 otherwise (plus the base class's format penalty).
@@ -184,9 +186,13 @@ class FrozenLakeTextEnv(LanguageEnv):
         max_steps: int = 100,
         cell_separator: str = "",
         list_positions: bool = False,
+        hole_labels: bool = False,
         **base_kwargs: Any,
     ) -> None:
         super().__init__(**base_kwargs)
+        if not isinstance(hole_labels, bool):
+            raise ValueError(f"hole_labels must be true or false, got {hole_labels!r}.")
+        self.hole_labels = hole_labels
         self.cell_separator = check_cell_separator(cell_separator)
         self.list_positions = check_list_positions(list_positions)
         if desc is None and size < 2:
@@ -300,6 +306,16 @@ class FrozenLakeTextEnv(LanguageEnv):
     def key_cells(self) -> list[tuple[int, int]]:
         """The player and the goal."""
         return [tuple(self.player), self._goal_cell()]
+
+    def tile_facts(self) -> np.ndarray | None:
+        """With `hole_labels`: for every tile, whether its up, down, left and right neighbours are holes (1) or not
+        (0; off the board: not a hole), so that the player's own image token carries the holes its reading names."""
+        if not self.hole_labels:
+            return None
+        holes = np.pad(np.array([list(row) for row in self.desc]) == "H", 1, constant_values=False)
+        height, width = len(self.desc), len(self.desc[0])
+        sides = [holes[1 + dr : 1 + dr + height, 1 + dc : 1 + dc + width] for dr, dc in SIDES.values()]
+        return np.stack(sides, -1).reshape(-1, len(SIDES)).astype(np.int64)
 
     def state_key(self) -> tuple[int, int]:
         """The player's cell: the map never changes within an episode."""

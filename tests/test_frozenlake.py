@@ -213,3 +213,19 @@ def test_unsolvable_desc_warns_and_bad_parameters_raise():
         FrozenLakeTextEnv(success_rate=1.5)
     with pytest.raises(ValueError, match="p_frozen"):
         FrozenLakeTextEnv(p_frozen=0.0)
+
+
+def test_hole_labels_give_every_tile_its_hole_neighbours():
+    """`tile_facts` with `hole_labels` (the vision pre-training's extra labels): hole up, down, left, right of each
+    tile, off the board not a hole; at the player's tile they are the holes `demo_reasoning` names."""
+    env = FrozenLakeTextEnv(desc=MAP_4X4, hole_labels=True)
+    env.reset(seed=0)
+    facts = env.tile_facts()
+    assert facts.shape == (16, 4)
+    assert facts[0].tolist() == [0, 0, 0, 0]  # (0, 0): nothing below or right of it is a hole
+    assert facts[1].tolist() == [0, 1, 0, 0] and facts[6].tolist() == [0, 0, 1, 1]  # (0, 1) above H; (1, 2) between two
+    env.step(answer("Down", "Down"))  # to (2, 0): a hole below (3, 0)
+    assert env.demo_reasoning().endswith("holes down.") and facts[2 * 4 + 0].tolist() == [0, 1, 0, 0]
+    assert FrozenLakeTextEnv(desc=MAP_4X4).tile_facts() is None
+    with pytest.raises(ValueError, match="hole_labels must be true or false"):
+        FrozenLakeTextEnv(hole_labels="yes")
