@@ -13,6 +13,8 @@ Options:
                   empty (the default): each b run against its own validation at iteration 0, the warm start
   at=N            the iteration of b's validations (-1, the default: the latest that every b run validated)
   at_a=N          the iteration of a's validations (-1, the default: as at; 0 where a is empty)
+  greedy=true     compare the runs' greedy validations (each level played once, greedily: `trainer.eval_greedy`)
+                  instead of the sampled ones; run folders only
   save=FILE.json  also write the b runs' validations per level, every iteration of them, to FILE.json (a few tens of
                   kB): a later comparison can then pair against these runs after their folders and checkpoints are
                   gone (docs/runs/ keeps the ones docs/learning.md reports)
@@ -40,7 +42,7 @@ from vagen.logging import read_metrics
 from vagen.rollout.validation import change_text, paired_change
 from vagen.trainer.checkpoint import latest_checkpoint, read_state
 
-DEFAULTS = {"a": "", "b": "", "at": -1, "at_a": -1, "save": ""}
+DEFAULTS = {"a": "", "b": "", "at": -1, "at_a": -1, "greedy": False, "save": ""}
 SAVED_FORMAT = "vagen.compare_runs/1"
 
 
@@ -51,12 +53,18 @@ class Run(NamedTuple):
     history: dict[int, dict[int, float]]
 
 
-def validations(run_dir: Path) -> dict[int, dict[int, float]]:
-    """Each validation's success per held-out level, by iteration, from the run's latest checkpoint."""
+def validations(run_dir: Path, greedy: bool = False) -> dict[int, dict[int, float]]:
+    """Each validation's success per held-out level, by iteration, from the run's latest checkpoint (with `greedy`,
+    its greedy validations')."""
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
         raise ValueError(f"{run_dir} holds no complete checkpoint; name a run folder of scripts/train.py.")
     state = read_state(checkpoint)
+    if greedy:
+        if not state.get("greedy_history"):
+            raise ValueError(f"{run_dir} has no greedy validations (trainer.eval_greedy, since 2026-12-04); compare "
+                             "its sampled ones, without greedy=true.")  # fmt: skip
+        return {int(k): dict(v) for k, v in state["greedy_history"].items()}
     if state.get("val_history"):
         return {int(k): dict(v) for k, v in state["val_history"].items()}
     history = {0: dict(state.get("initial_outcomes", {}))} if state.get("initial_outcomes") else {}
@@ -107,12 +115,15 @@ def level_outcomes(levels: list[int], outcomes: list[float | None]) -> dict[int,
     return {int(k): float(v) for k, v in zip(levels, outcomes, strict=True) if v is not None}
 
 
-def load_runs(text: str) -> list[Run]:
-    """The runs of a comma-separated list of run folders and saved files."""
+def load_runs(text: str, greedy: bool = False) -> list[Run]:
+    """The runs of a comma-separated list of run folders and saved files (with `greedy`, run folders only)."""
     runs = []
     for part in filter(None, text.split(",")):
         path = Path(part)
-        runs += read_saved(path) if path.suffix == ".json" else [Run(path.name, validations(path))]
+        if path.suffix == ".json" and greedy:
+            raise ValueError(f"{path}: a save= file keeps sampled validations only; name the run folders with "
+                             "greedy=true.")  # fmt: skip
+        runs += read_saved(path) if path.suffix == ".json" else [Run(path.name, validations(path, greedy))]
     return runs
 
 
@@ -173,8 +184,11 @@ def main(argv: list[str]) -> None:
     options, _ = script_options(argv, DEFAULTS, overrides=False, required={"b": "outputs/runs/<run>"})
 
     try:
-        b = load_runs(options.b)
-        print(compare(load_runs(options.a), b, int(options.at), int(options.at_a)))
+        greedy = bool(options.greedy)
+        if greedy and options.save:
+            raise ValueError("save= keeps sampled validations only; save without greedy=true.")
+        b = load_runs(options.b, greedy)
+        print(compare(load_runs(options.a, greedy), b, int(options.at), int(options.at_a)))
         if options.save:
             save_runs(b, Path(options.save))
             print(f"\nsaved the b runs' validations to {options.save}")

@@ -235,6 +235,14 @@ def test_run_validates_at_start_every_k_and_end_and_prints_the_held_out_line(tmp
         history = state[name]
         assert sorted(history) == [0, 2, 3, 4] and all(sorted(h) == eval_seeds(6) for h in history.values())
         assert [sum(history[k].values()) / 6 for k in (0, 2, 3, 4)] == [r[metric] for r in records if metric in r]
+    # research/compare_runs.py reads either history from the run folder; greedy=true the greedy one.
+    compare_runs = repo_module("research/compare_runs.py")
+    assert compare_runs.validations(run_dir) == state["val_history"]
+    assert compare_runs.validations(run_dir, greedy=True) == state["greedy_history"]
+    (greedy_run,) = compare_runs.load_runs(str(run_dir), greedy=True)
+    assert greedy_run.history == state["greedy_history"]
+    with pytest.raises(ValueError, match="keeps sampled validations only"):
+        compare_runs.load_runs(str(tmp_path / "kept.json"), greedy=True)
 
 
 def test_compare_runs_pairs_each_pair_and_the_mean_run_by_level():
@@ -269,7 +277,7 @@ def test_compare_runs_saves_runs_to_a_file_that_stands_for_them_later(tmp_path, 
         "arm-seed0": {0: {7: 0.0, 8: 1.0, 9: 0.5}, 16: {7: 1.0, 8: 1.0, 9: 0.5}},
         "arm-seed1": {0: {7: 0.0, 8: 1.0, 9: 0.5}, 16: {7: 1.0, 8: 0.0}},
     }
-    monkeypatch.setattr(compare_runs, "validations", lambda run: histories[run.name])
+    monkeypatch.setattr(compare_runs, "validations", lambda run, greedy=False: histories[run.name])
     folders = f"{tmp_path}/arm-seed0,{tmp_path}/arm-seed1"
     saved = tmp_path / "kept" / "arm.json"
     compare_runs.save_runs(compare_runs.load_runs(folders), saved)
@@ -312,6 +320,8 @@ def test_compare_runs_reads_checkpoints_saved_before_the_validation_history(tmp_
     monkeypatch.setattr(compare_runs, "latest_checkpoint", lambda run: run / "checkpoints" / "iter_000005")
     monkeypatch.setattr(compare_runs, "read_state", lambda path: state)
     assert compare_runs.validations(run_dir) == {0: {1: 0.0, 2: 1.0}, 4: {1: 1.0, 2: 1.0}}
+    with pytest.raises(ValueError, match="has no greedy validations"):  # they came later (trainer.eval_greedy)
+        compare_runs.validations(run_dir, greedy=True)
 
 
 def bench_learning():
