@@ -16,6 +16,7 @@ import numpy as np
 
 from envs_text.limits import check_grid
 from vagen.env.base import ActionResult, LanguageEnv
+from vagen.env.grading import side_neighbours
 from vagen.env.observation import check_cell_separator, check_list_positions, positions_line
 from vagen.env.policies import SIDES, relative_direction
 
@@ -312,10 +313,8 @@ class FrozenLakeTextEnv(LanguageEnv):
         (0; off the board: not a hole), so that the player's own image token carries the holes its reading names."""
         if not self.hole_labels:
             return None
-        holes = np.pad(np.array([list(row) for row in self.desc]) == "H", 1, constant_values=False)
-        height, width = len(self.desc), len(self.desc[0])
-        sides = [holes[1 + dr : 1 + dr + height, 1 + dc : 1 + dc + width] for dr, dc in SIDES.values()]
-        return np.stack(sides, -1).reshape(-1, len(SIDES)).astype(np.int64)
+        holes = np.array([list(row) for row in self.desc]) == "H"
+        return side_neighbours(holes, off_board=False).reshape(-1, len(SIDES)).astype(np.int64)
 
     def state_key(self) -> tuple[int, int]:
         """The player's cell: the map never changes within an episode."""

@@ -30,6 +30,7 @@ from envs_text.sokoban_level import (  # re-exported: the board is part of this 
 )
 from envs_text.sokoban_solver import solve
 from vagen.env.base import ActionResult, LanguageEnv
+from vagen.env.grading import side_neighbours
 from vagen.env.observation import check_cell_separator, check_list_positions, positions_line
 from vagen.env.policies import SIDES, relative_direction
 
@@ -367,9 +368,7 @@ class SokobanTextEnv(LanguageEnv):
 
     def _wall_neighbours(self) -> np.ndarray:
         """(H, W, 4) bool: whether each cell's up, down, left and right neighbours are walls (off the board: yes)."""
-        walls = np.pad(self._layout == WALL, 1, constant_values=True)
-        height, width = self._layout.shape
-        return np.stack([walls[1 + dr : 1 + dr + height, 1 + dc : 1 + dc + width] for dr, dc in SIDES.values()], -1)
+        return side_neighbours(self._layout == WALL, off_board=True)
 
     def state_key(self) -> tuple[int, tuple[int, ...]]:
         """The player's cell and the sorted box cells (flat indices): the level's walls and targets never move."""

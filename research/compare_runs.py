@@ -60,13 +60,12 @@ def validations(run_dir: Path, greedy: bool = False) -> dict[int, dict[int, floa
     if checkpoint is None:
         raise ValueError(f"{run_dir} holds no complete checkpoint; name a run folder of scripts/train.py.")
     state = read_state(checkpoint)
+    kept = state.get("greedy_history" if greedy else "val_history")
+    if kept:
+        return {int(k): dict(v) for k, v in kept.items()}
     if greedy:
-        if not state.get("greedy_history"):
-            raise ValueError(f"{run_dir} has no greedy validations (trainer.eval_greedy, since 2026-12-04); compare "
-                             "its sampled ones, without greedy=true.")  # fmt: skip
-        return {int(k): dict(v) for k, v in state["greedy_history"].items()}
-    if state.get("val_history"):
-        return {int(k): dict(v) for k, v in state["val_history"].items()}
+        raise ValueError(f"{run_dir} has no greedy validations (trainer.eval_greedy, since 2026-12-04); compare "
+                         "its sampled ones, without greedy=true.")  # fmt: skip
     history = {0: dict(state.get("initial_outcomes", {}))} if state.get("initial_outcomes") else {}
     validated = [
         int(r["step"]) for r in read_metrics(run_dir) if "val/success" in r and r["step"] <= state["iteration"]

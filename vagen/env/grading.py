@@ -36,6 +36,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 Cell = tuple[int, int]
 StateObjects = Sequence[tuple[str, Cell]]
 
@@ -77,6 +79,14 @@ def relative_direction(delta_row: int, delta_col: int) -> str:
 # The four neighbours of a cell as (row, col) steps, in the order the games' readings list them ("holes up left").
 SIDES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 RELATIVE_DIRECTIONS = ("here", "up", "down", "left", "right", "up-left", "up-right", "down-left", "down-right")
+
+
+def side_neighbours(mask: np.ndarray, off_board: bool) -> np.ndarray:
+    """(H, W, 4) bool: for every cell of an (H, W) bool `mask`, whether its neighbour on each of `SIDES` (up, down,
+    left, right) is set; a neighbour off the board counts as `off_board`."""
+    padded = np.pad(mask, 1, constant_values=off_board)
+    height, width = mask.shape
+    return np.stack([padded[1 + dr : 1 + dr + height, 1 + dc : 1 + dc + width] for dr, dc in SIDES.values()], -1)
 
 
 def direction_from(player: Cell, cell: Cell) -> str:
