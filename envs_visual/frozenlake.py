@@ -10,6 +10,7 @@ from PIL import Image
 from envs_text import frozenlake as text_game
 from envs_text.frozenlake import FrozenLakeTextEnv
 from envs_visual.tiles import (
+    DEFAULT_TILE_PX,
     FROZENLAKE_CODES,
     cells_text,
     check_grid_image,
@@ -21,8 +22,6 @@ from envs_visual.tiles import (
 # The atlas row for a cell is its grid() code: fail at import if the text game ever renumbers them.
 assert [getattr(text_game, name.upper()) for name in FROZENLAKE_CODES] == list(range(len(FROZENLAKE_CODES)))
 
-DEFAULT_TILE_PX = 32
-
 
 def render_frozenlake(grid: np.ndarray, tile_px: int = DEFAULT_TILE_PX) -> Image.Image:
     """An (H, W) FrozenLake code grid as an RGB image of exactly (W·tile_px) × (H·tile_px) pixels."""
@@ -32,7 +31,8 @@ def render_frozenlake(grid: np.ndarray, tile_px: int = DEFAULT_TILE_PX) -> Image
 class FrozenLakeEnv(FrozenLakeTextEnv):
     """`FrozenLakeTextEnv` plus an image of the lake.
 
-    `tile_px` is the side of one cell in pixels (default 32): a 4×4 lake is a 128×128 image. The
+    `tile_px` is the side of one cell in pixels (default 28, one image token of Qwen2.5-VL per cell): a 4×4 lake is a
+    112×112 image. The
     image is never rescaled. Ice is pale blue, holes dark water, the goal a red flag in a gold
     frame, the player a figure in red (sinking, in grey, when in a hole). All other keyword
     arguments are `FrozenLakeTextEnv`'s.

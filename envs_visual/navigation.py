@@ -11,9 +11,17 @@ from PIL import Image
 
 from envs_text import navigation as text_game
 from envs_text.navigation import COLOURS, OBJECT_TYPES, NavigationTextEnv, object_code
-from envs_visual.tiles import RGB, Painter, Pen, build_atlas, check_grid_image, check_tile_px, figure, render_grid
-
-DEFAULT_TILE_PX = 28  # one 28-pixel tile = one merged 2x2 patch of Qwen2.5-VL's 14-pixel grid
+from envs_visual.tiles import (
+    DEFAULT_TILE_PX,
+    RGB,
+    Painter,
+    Pen,
+    build_atlas,
+    check_grid_image,
+    check_tile_px,
+    figure,
+    render_grid,
+)
 
 FLOOR_FILL, FLOOR_LINE = (228, 226, 218), (206, 203, 192)
 STONE, STONE_LIGHT, STONE_GAP = (88, 94, 108), (112, 119, 134), (52, 56, 66)

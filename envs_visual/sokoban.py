@@ -9,12 +9,18 @@ from PIL import Image
 
 from envs_text import sokoban as text_game
 from envs_text.sokoban import SokobanTextEnv
-from envs_visual.tiles import SOKOBAN_CODES, cells_text, check_grid_image, check_tile_px, render_grid, sokoban_atlas
+from envs_visual.tiles import (
+    DEFAULT_TILE_PX,
+    SOKOBAN_CODES,
+    cells_text,
+    check_grid_image,
+    check_tile_px,
+    render_grid,
+    sokoban_atlas,
+)
 
 # The atlas row for a cell is its grid() code: fail at import if the text game ever renumbers them.
 assert [getattr(text_game, name.upper()) for name in SOKOBAN_CODES] == list(range(len(SOKOBAN_CODES)))
-
-DEFAULT_TILE_PX = 32
 
 
 def render_sokoban(grid: np.ndarray, tile_px: int = DEFAULT_TILE_PX) -> Image.Image:
@@ -25,8 +31,8 @@ def render_sokoban(grid: np.ndarray, tile_px: int = DEFAULT_TILE_PX) -> Image.Im
 class SokobanEnv(SokobanTextEnv):
     """`SokobanTextEnv` plus an image of the room.
 
-    `tile_px` is the side of one cell in pixels (default 32): a 6×6 room is a 192×192 image, a
-    10×10 room 320×320. The image is never rescaled; pick `tile_px` for the model's vision input.
+    `tile_px` is the side of one cell in pixels (default 28, one image token of Qwen2.5-VL per cell): a 6×6 room is a
+    168×168 image, a 10×10 room 280×280. The image is never rescaled; pick `tile_px` for the model's vision input.
     Walls are bricks, targets red squares, boxes wooden crates (green once on a target), the player
     a figure in blue. All other keyword arguments are `SokobanTextEnv`'s.
     """

@@ -21,6 +21,7 @@ from envs_text.limits import check_fits, memory_budget
 
 SUPERSAMPLE = 4
 MIN_TILE_PX = 8
+DEFAULT_TILE_PX = 28  # one 28-pixel tile = one merged 2x2 patch of Qwen2.5-VL's 14-pixel grid: one image token per cell
 
 # Code order is the text games' `grid()` contract: row i of an atlas is the sprite for code i.
 SOKOBAN_CODES = ("wall", "floor", "target", "box_on_target", "box", "player", "player_on_target")
@@ -215,7 +216,7 @@ def _player(pen: Pen) -> None:
 
 
 @lru_cache(maxsize=16)
-def sokoban_atlas(tile_px: int = 32) -> np.ndarray:
+def sokoban_atlas(tile_px: int = DEFAULT_TILE_PX) -> np.ndarray:
     """Sokoban sprites in `SOKOBAN_CODES` order: (7, tile_px, tile_px, 3) uint8, read-only."""
     crate, green_crate = _crate(WOOD, WOOD_DARK, WOOD_LIGHT), _crate(GREEN, GREEN_DARK, GREEN_LIGHT)
     layers = {
@@ -276,7 +277,7 @@ def _player_with_flag(pen: Pen) -> None:
 
 
 @lru_cache(maxsize=16)
-def frozenlake_atlas(tile_px: int = 32) -> np.ndarray:
+def frozenlake_atlas(tile_px: int = DEFAULT_TILE_PX) -> np.ndarray:
     """FrozenLake sprites in `FROZENLAKE_CODES` order: (6, tile_px, tile_px, 3) uint8, read-only."""
     layers = {
         "frozen": [_ice],

@@ -32,7 +32,7 @@ def test_solver_policy_solves_sokoban_through_the_public_api(seed):
     assert len(record.frames) == len(record.responses) + 1
     assert record.rewards[-1] >= 10.0  # the solving turn carries the +10 bonus
     assert all(actions for actions in record.actions)
-    assert all(frame.size == (192, 192) for frame in record.frames)
+    assert all(frame.size == (168, 168) for frame in record.frames)
 
 
 def test_episode_gif_has_one_frame_per_state_and_reopens(tmp_path):
@@ -44,7 +44,7 @@ def test_episode_gif_has_one_frame_per_state_and_reopens(tmp_path):
         assert gif.n_frames == len(record.frames) == len(record.rewards) + 1
         assert gif.info["duration"] == 500
         first_size = gif.size
-        assert first_size[0] >= 2 * 192 and first_size[1] > 2 * 192  # the scaled frame plus a caption panel
+        assert first_size[0] >= 2 * 168 and first_size[1] > 2 * 168  # the scaled frame plus a caption panel
 
 
 def test_frames_keep_the_state_pixels_and_add_a_caption_panel():

@@ -16,6 +16,7 @@ from envs_text import sokoban as sokoban_text
 from envs_visual.bandit import BanditEnv, render_bandit
 from envs_visual.countdown import CountdownEnv, render_countdown
 from envs_visual.frozenlake import FrozenLakeEnv
+from envs_visual.navigation import NavigationEnv
 from envs_visual.sokoban import SokobanEnv
 from envs_visual.tiles import frozenlake_atlas, render_grid, sokoban_atlas
 from vagen.env import IMAGE_PLACEHOLDER
@@ -89,10 +90,16 @@ def test_image_decodes_to_the_same_grid_as_the_text(env_class, make_atlas, symbo
             done = terminated or truncated
 
 
-def test_sokoban_default_is_192_pixels_for_a_6x6_room():
-    env = SokobanEnv(observation="image", dim_room=(6, 6))
+@pytest.mark.parametrize("env_class", [SokobanEnv, FrozenLakeEnv, NavigationEnv])
+def test_default_tile_is_one_image_token_per_cell(env_class):
+    """Without a tile_px, every grid game draws 28-px tiles (one merged 2x2 patch of Qwen2.5-VL's 14-px grid), the
+    size every env config and tiny_vl use: a 6x6 Sokoban room is 168 x 168 pixels."""
+    env = env_class(observation="image")
     observation, _ = env.reset(seed=0)
-    assert observation.images[0].size == (192, 192)
+    rows, cols = env.grid().shape
+    assert observation.images[0].size == (cols * 28, rows * 28)
+    if env_class is SokobanEnv:
+        assert (rows, cols) == (6, 6)
 
 
 @pytest.mark.parametrize("env_class", [SokobanEnv, FrozenLakeEnv, BanditEnv, CountdownEnv])
@@ -164,4 +171,4 @@ def test_make_env_finds_the_visual_games_without_importing_them():
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, check=False
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "(192, 192)"
+    assert result.stdout.strip() == "(168, 168)"
