@@ -1,19 +1,20 @@
-"""Does a frozenlake_visual policy know which neighbours of the player are holes? (findings: docs/learning.md,
+"""Does a FrozenLake policy know which neighbours of the player are holes? (findings: docs/learning.md,
 "What the policy cannot see: holes next to the player")
 
     python research/hole_probe.py [model=tiny_vl | <run, checkpoint or scripts/sft.py folder>] [states=1000]
                                   [threads=1] [env_kwargs={}]
+    python research/hole_probe.py env=frozenlake_text model=tiny_text
 
-At `states` first-turn states of frozenlake_visual (configs/env/frozenlake_visual.yaml, `env_kwargs` merged in; reset
-seeds 0, 1, ...; the player's start cell is random), the prompt and the demonstration's `<think>` up to its hole
-part ("goal is down-right of me,") are run through the model once. Two measurements of the same states:
+At `states` first-turn states of `env` (frozenlake_visual or frozenlake_text: configs/env/<env>.yaml, `env_kwargs`
+merged in; reset seeds 0, 1, ...; the player's start cell is random), the prompt and the demonstration's `<think>` up
+to its hole part ("goal is down-right of me,") are run through the model once. Two measurements of the same states:
 - the model's own reading: its greedy continuation from there ("no hole next to me." / "holes up left."), per side
   of the player: how often right, and the share of the holes that are there it names (recall);
 - linear probes (logistic regression on 70% of the states, scored on the other 30%) for "a hole is up / down / left /
   right of the player", from each layer's hidden state at two positions: the last one (where the model decides what
-  to write next) and the player's own image token (one merged image token per 28-px tile; what the vision tower
-  gives the language model about that tile). A probe at the majority class's accuracy with no recall finds no such
-  feature there.
+  to write next) and the player's own token: from images, its merged image token (one per 28-px tile; what the vision
+  tower gives the language model about that tile); from text, the player's cell of the board (tiny_text keeps each
+  cell one token). A probe at the majority class's accuracy with no recall finds no such feature there.
 
 The truth comes from the game (`state_objects`: the player and every hole), never from the model's text.
 """
@@ -35,7 +36,8 @@ from vagen.eval.models import load_local_policy, resolve_model
 from vagen.models.inputs import image_model_inputs, prompt_position_ids
 from vagen.rollout import DialogueFormatter
 
-DEFAULTS = {"model": "tiny_vl", "states": 1000, "threads": 1, "env_kwargs": {}}
+DEFAULTS = {"model": "tiny_vl", "env": "frozenlake_visual", "states": 1000, "threads": 1, "env_kwargs": {}}
+GAMES = ("frozenlake_visual", "frozenlake_text")
 CLAIMED = re.compile(r"holes ((?:(?:up|down|left|right)\s*)+)")
 
 
@@ -59,6 +61,28 @@ def greedy_text(model, tokenizer, ids: list[int], vision: dict, logits: torch.Te
         positions, _ = prompt_position_ids(model, batch, torch.ones_like(batch), vision.get("image_grid_thw"))
         logits = model(input_ids=batch, position_ids=positions, **vision).logits[0, -1]
     return tokenizer.decode(said)
+
+
+def player_token(model, batch: torch.Tensor, board: list[str], player: tuple[int, int]) -> int:
+    """The index in `batch` [1, T] of the token that shows the player's cell: its merged image token (one per tile)
+    from images, its board cell from text (a board model's cell positions, `BoardEmbedding.positions`)."""
+    image_token = getattr(model.config, "image_token_id", None)
+    if image_token is not None:
+        tiles = (batch[0] == image_token).nonzero().flatten()
+        if len(tiles) != len(board) * len(board[0]):
+            raise ValueError(
+                f"{len(tiles)} image tokens for a {len(board)}x{len(board[0])} board: the "
+                "probe needs one merged image token per tile (tile_px=28, as tiny_vl's processor)."
+            )
+        return int(tiles[player[0] * len(board[0]) + player[1]])
+    positions = getattr(model.get_input_embeddings(), "positions", None)
+    if positions is None:
+        raise ValueError("from text, the probe needs a board model that knows its cells' positions (tiny_text).")
+    rows, cols = positions(batch)
+    cell = ((rows[0] == player[0] + 1) & (cols[0] == player[1] + 1)).nonzero().flatten()
+    if len(cell) != 1:
+        raise ValueError(f"found the player's cell {len(cell)} times in the prompt, expected once.")
+    return int(cell[0])
 
 
 def fit_probe(features: np.ndarray, labels: np.ndarray, train: int) -> tuple[np.ndarray, np.ndarray]:
@@ -91,7 +115,9 @@ def fmt(values) -> str:
 def main() -> None:
     options, _ = script_options(sys.argv[1:], DEFAULTS, overrides=False)
     torch.set_num_threads(int(options.threads))
-    env_config = OmegaConf.load("configs/env/frozenlake_visual.yaml")
+    if options.env not in GAMES:
+        raise SystemExit(f"error: env={options.env}: the probe reads FrozenLake's holes; use {' or '.join(GAMES)}.")
+    env_config = OmegaConf.load(f"configs/env/{options.env}.yaml")
     env_kwargs = OmegaConf.to_container(OmegaConf.merge(env_config.kwargs, OmegaConf.create(options.env_kwargs)))
     spec = resolve_model(str(options.model), OmegaConf.create({"name": "hf"}), Path("configs"), {})
     policy = load_local_policy(spec, "cpu")
@@ -110,17 +136,9 @@ def main() -> None:
             batch = torch.tensor([ids])
             positions, _ = prompt_position_ids(model, batch, torch.ones_like(batch), vision.get("image_grid_thw"))
             out = model(input_ids=batch, position_ids=positions, output_hidden_states=True, **vision)
-            player = env.unwrapped.state_objects()[0][1]
-            image_positions = (batch[0] == model.config.image_token_id).nonzero().flatten()
-            board = env.unwrapped.desc
-            if len(image_positions) != len(board) * len(board[0]):
-                raise ValueError(
-                    f"{len(image_positions)} image tokens for a {len(board)}x{len(board[0])} board: the "
-                    "probe needs one merged image token per tile (tile_px=28, as tiny_vl's processor)."
-                )
-            player_token = image_positions[player[0] * len(board[0]) + player[1]]
+            player = player_token(model, batch, env.unwrapped.desc, env.unwrapped.state_objects()[0][1])
             last.append(torch.stack([h[0, -1] for h in out.hidden_states]).numpy())
-            tile.append(torch.stack([h[0, player_token] for h in out.hidden_states]).numpy())
+            tile.append(torch.stack([h[0, player] for h in out.hidden_states]).numpy())
             truth.append(holes_beside(env))
             text = greedy_text(model, tokenizer, ids, vision, out.logits[0, -1])
             named = CLAIMED.search(text)
@@ -136,7 +154,7 @@ def main() -> None:
     print(f"| majority class | {fmt(majority)} | |")
     print(f"| the model's own reading | {fmt((said[train:] == truth[train:]).mean(0))} | "
           f"{fmt((said[train:] * truth[train:]).sum(0) / truth[train:].sum(0))} |")  # fmt: skip
-    for name, features in (("last position", last), ("player's image token", tile)):
+    for name, features in (("last position", last), ("player's token", tile)):
         for layer in range(features.shape[1]):
             accuracy, recall = fit_probe(features[:, layer], truth, train)
             print(f"| probe, {name}, hidden state {layer} | {fmt(accuracy)} | {fmt(recall)} |")
