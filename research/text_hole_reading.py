@@ -10,6 +10,12 @@ player"), each from the shipped tiny_text unless `model=<folder>`:
     python research/text_hole_reading.py mode=mixed steps=300 lr=5e-4 reading_coef=1.0 out=<folder>
         recipe 4's second SFT pass continued (both games' demonstrations, 16 dialogues a step, cosine decay) with the
         FrozenLake reading loss added to every step; reading_coef=0 is its control
+    python research/text_hole_reading.py mode=mixed steps=300 lr=5e-4 reading_coef=0 cells_coef=1 out=<folder>
+        the same with cell labels instead (docs/learning.md, "What the policy cannot see"): the text analogue of
+        tiny_vl's vision pre-training with `hole_labels`. A throw-away linear head reads, from every board cell's
+        hidden state after `cells_layer` layers, the labels that pre-training gives each image tile: the directions
+        of the player and the goal from that cell, and which of its four neighbours are holes (`tile_facts`), on 32
+        FrozenLake boards a step; cells_coef=0 is its control
 """
 
 from __future__ import annotations
@@ -26,22 +32,47 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import vagen.models  # noqa: F401  (registers BoardQwen2 with the Auto classes)
 from vagen.bootstrap.demos import demonstrations, sft_batch
 from vagen.bootstrap.tiny_text import board_example, board_reading_loss, make_text_game, noisy_play
-from vagen.bootstrap.warmstart import backward_sft_batch, lr_factor
+from vagen.bootstrap.warmstart import backward_sft_batch, lr_factor, probe_labels
+from vagen.env.policies import RELATIVE_DIRECTIONS
 from vagen.rollout import DialogueFormatter
 from vagen.rollout.validation import eval_seeds
 
 SHIPPED = "vagen/bootstrap/shipped/warm-tiny-text-default-seed0"
 DEFAULTS = {"mode": "probe", "model": SHIPPED, "levels": 256, "steps": 1500, "lr": 1e-3, "reading_coef": 1.0,
-            "out": None, "threads": 1}  # fmt: skip
+            "cells_coef": 0.0, "cells_layer": 2, "seed": 0, "out": None, "threads": 1}  # fmt: skip
 
 
-def reading_boards(tokenizer, levels, rng: np.random.Generator) -> list[tuple[tuple[list[int], int], str]]:
-    """((ids, prompt length), the true reading) of FrozenLake boards, each after 0-3 turns of noisy solver play."""
-    env, boards = make_text_game("frozenlake_text"), []
+def reading_boards(tokenizer, levels, rng: np.random.Generator) -> list[tuple[tuple[list[int], int], str, np.ndarray]]:
+    """((ids, prompt length), the true reading, the cell labels) of FrozenLake boards, each after 0-3 turns of noisy
+    solver play. The cell labels are the vision pre-training's for an image of the board (`probe_labels`, with
+    `hole_labels`): (H·W, 2 + 4), row-major, the player's and the goal's direction from each cell, then its hole
+    neighbours up / down / left / right."""
+    env, boards = make_text_game("frozenlake_text", hole_labels=True), []
     for level in levels:
         observation = noisy_play(env, level, 3, rng)
-        boards.append((board_example(tokenizer, env, observation.text), env.unwrapped.demo_reasoning().strip()))
+        game = env.unwrapped
+        shape, facts = game.grid().shape, game.tile_facts()
+        width = len(game.key_cells()) + facts.shape[1]
+        labels = probe_labels(shape, game.key_cells(), (0, width), width, facts)
+        boards.append((board_example(tokenizer, env, observation.text), game.demo_reasoning().strip(), labels))
     return boards
+
+
+def cells_loss(model, head: torch.nn.Linear, layer: int, batch, pad_id: int) -> torch.Tensor:
+    """Cross-entropy of `head` reading each board cell's labels (`reading_boards`) from its hidden state after `layer`
+    layers, over the boards of `batch` [((ids, prompt length), reading, labels)] (their prompts only)."""
+    prompts = [ids[:prompt] for (ids, prompt), _, _ in batch]
+    ids = torch.full((len(prompts), max(map(len, prompts))), pad_id)
+    for row, prompt in enumerate(prompts):
+        ids[row, : len(prompt)] = torch.tensor(prompt)
+    hidden = model(ids, output_hidden_states=True).hidden_states[layer]
+    rows, _ = model.get_input_embeddings().positions(ids)
+    cells = hidden[rows > 0]  # (Σ H·W, D): every board's cells, row-major, boards in order
+    cells = cells * torch.rsqrt(cells.square().mean(-1, keepdim=True) + 1e-6)  # RMS-normalised, as the next layer reads
+    labels = torch.as_tensor(np.concatenate([labels for _, _, labels in batch]))
+    assert cells.shape[0] == labels.shape[0], "one hidden state per board cell"
+    logits = head(cells).view(-1, len(RELATIVE_DIRECTIONS))
+    return torch.nn.functional.cross_entropy(logits, labels.view(-1))
 
 
 def greedy_think(model, tokenizer, prompt_ids: list[int]) -> str:
@@ -53,7 +84,7 @@ def greedy_think(model, tokenizer, prompt_ids: list[int]) -> str:
 def single_board_readings(model, tokenizer, boards) -> dict[str, str]:
     """Exact single-board readings, split by whether the truth names a hole."""
     counts = collections.Counter()
-    for (ids, prompt), truth in boards:
+    for (ids, prompt), truth, _ in boards:
         think = greedy_think(model, tokenizer, ids[:prompt] + tokenizer("<think>")["input_ids"])
         counts["hole" if "holes" in truth else "none", think == truth] += 1
     return {kind: f"{counts[kind, True]}/{counts[kind, True] + counts[kind, False]}" for kind in ("hole", "none")}
@@ -87,19 +118,22 @@ def main(args: dict) -> None:
         return probe(model.eval(), tokenizer, int(args["levels"]))
     steps, lr, started = int(args["steps"]), float(args["lr"]), time.time()
     rng = np.random.default_rng(0)  # the boards' noisy play, then (reading mode) each step's draws
-    boards = [example for example, _ in reading_boards(tokenizer, range(300_000, 304_000), rng)]
+    boards = reading_boards(tokenizer, range(300_000, 304_000), rng)
     held_out = reading_boards(tokenizer, eval_seeds(200), np.random.default_rng(1))
     demos = []
     if args["mode"] == "mixed":
         formatter = DialogueFormatter(tokenizer)
         for name in ("sokoban_text", "frozenlake_text"):
             demos += demonstrations(functools.partial(make_text_game, name), formatter, range(2400), 0.25, 0, name)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    cells_coef, layer = float(args["cells_coef"]), int(args["cells_layer"])
+    torch.manual_seed(int(args["seed"]))
+    head = torch.nn.Linear(model.config.hidden_size, boards[0][2].shape[1] * len(RELATIVE_DIRECTIONS))
+    parameters = list(model.parameters()) + (list(head.parameters()) if cells_coef > 0 else [])
+    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, 10, 0.05) if demos else 1.0)
     if demos:
-        rng = np.random.default_rng(0)  # the dialogues' order and the reading draws
+        rng = np.random.default_rng(int(args["seed"]))  # the dialogues' order and the reading draws
     order, coef = [], float(args["reading_coef"]) if demos else 1.0
-    torch.manual_seed(0)
     print(f"step 0: single-board readings exact {single_board_readings(model.eval(), tokenizer, held_out)}")
     model.train()
     for step in range(1, steps + 1):
@@ -111,16 +145,21 @@ def main(args: dict) -> None:
             rows, order = order[:16], order[16:]
             dialogue = backward_sft_batch(model, sft_batch([demos[i] for i in rows], tokenizer.pad_token_id),
                                           tokenizer, 8, False)  # fmt: skip
-        reading = board_reading_loss(model, tokenizer, [boards[i] for i in rng.integers(0, len(boards), 32)])
+        drawn = [boards[i] for i in rng.integers(0, len(boards), 32)]
+        reading = board_reading_loss(model, tokenizer, [example for example, _, _ in drawn])
         if coef > 0:
             (coef * reading).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        cells = cells_loss(model, head, layer, drawn, tokenizer.pad_token_id) if cells_coef > 0 else torch.zeros(())
+        if cells_coef > 0:
+            (cells_coef * cells).backward()
+        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
         optimizer.step()
         schedule.step()
         if step % 500 == 0 or step == steps:
             readings = single_board_readings(model.eval(), tokenizer, held_out)
             model.train()
-            print(f"step {step}: dialogue loss {dialogue:.4f}, reading loss {reading.item():.4f}, single-board "
+            print(f"step {step}: dialogue loss {dialogue:.4f}, reading loss {reading.item():.4f}, cell labels' "
+                  f"loss {cells.item():.4f}, single-board "
                   f"readings exact {readings}, {time.time() - started:.0f} s", flush=True)  # fmt: skip
     if args["out"]:
         model.eval().save_pretrained(args["out"])
