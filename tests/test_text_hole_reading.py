@@ -1,0 +1,40 @@
+"""research/text_hole_reading.py's cell labels: the vision pre-training's labels for each board cell, read from that
+cell's own hidden state."""
+
+import numpy as np
+import torch
+from test_trainer import repo_module
+
+from vagen.bootstrap.tiny import load_tiny_text_lm
+from vagen.bootstrap.tiny_text import build_tiny_text
+from vagen.env.policies import RELATIVE_DIRECTIONS
+
+
+def test_cell_labels_are_each_cells_directions_and_hole_neighbours():
+    script = repo_module("research/text_hole_reading.py")
+    _, tokenizer = load_tiny_text_lm(build_tiny_text(size="test"))
+    boards = script.reading_boards(tokenizer, range(300_000, 300_004), np.random.default_rng(0))
+    for (ids, prompt), reading, labels in boards:
+        board = tokenizer.decode(ids[:prompt]).split("user\n")[1].split("<|im_end|>")[0].splitlines()
+        size = len(board)
+        assert labels.shape == (size * size, 2 + 4)
+        holes = {(r, c) for r, row in enumerate(board) for c, cell in enumerate(row) if cell == "O"}
+        for index, (r, c) in enumerate(np.ndindex(size, size)):
+            beside = [(r - 1, c) in holes, (r + 1, c) in holes, (r, c - 1) in holes, (r, c + 1) in holes]
+            assert labels[index, 2:].tolist() == [int(b) for b in beside]  # up, down, left, right
+        player = next((r, c) for r, row in enumerate(board) for c, cell in enumerate(row) if cell in "PX√")
+        assert RELATIVE_DIRECTIONS[labels[player[0] * size + player[1], 0]] == "here"  # the player, seen from itself
+        assert ("holes" in reading) == any(labels[player[0] * size + player[1], 2:])
+
+
+def test_cells_loss_reads_every_cell_at_its_layer_and_trains_only_the_layers_below():
+    script = repo_module("research/text_hole_reading.py")
+    model, tokenizer = load_tiny_text_lm(build_tiny_text(size="test"))
+    boards = script.reading_boards(tokenizer, range(300_000, 300_003), np.random.default_rng(0))
+    head = torch.nn.Linear(model.config.hidden_size, boards[0][2].shape[1] * len(RELATIVE_DIRECTIONS))
+    loss = script.cells_loss(model, head, 1, boards, tokenizer.pad_token_id)  # asserts one hidden state per cell
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    loss.backward()
+    layers = model.model.layers
+    assert layers[0].mlp.down_proj.weight.grad.abs().sum() > 0
+    assert all(param.grad is None for layer in layers[1:] for param in layer.parameters())
