@@ -2,11 +2,11 @@
 "What the policy cannot see: holes next to the player")
 
     python research/hole_probe.py [model=tiny_vl | <run, checkpoint or scripts/sft.py folder>] [states=1000]
-                                  [threads=1] [env_kwargs={}]
-    python research/hole_probe.py env=frozenlake_text model=tiny_text
+                                  [threads=1]
+    python research/hole_probe.py env=frozenlake_text model=tiny_text [path=<a bare model folder of that kind>]
 
-At `states` first-turn states of `env` (frozenlake_visual or frozenlake_text: configs/env/<env>.yaml, `env_kwargs`
-merged in; reset seeds 0, 1, ...; the player's start cell is random), the prompt and the demonstration's `<think>` up
+At `states` first-turn states of `env` (frozenlake_visual or frozenlake_text: configs/env/<env>.yaml; reset seeds 0,
+1, ...; the player's start cell is random), the prompt and the demonstration's `<think>` up
 to its hole part ("goal is down-right of me,") are run through the model once. Two measurements of the same states:
 - the model's own reading: its greedy continuation from there ("no hole next to me." / "holes up left."), per side
   of the player: how often right, and the share of the holes that are there it names (recall);
@@ -36,7 +36,8 @@ from vagen.eval.models import load_local_policy, resolve_model
 from vagen.models.inputs import image_model_inputs, prompt_position_ids
 from vagen.rollout import DialogueFormatter
 
-DEFAULTS = {"model": "tiny_vl", "env": "frozenlake_visual", "states": 1000, "threads": 1, "env_kwargs": {}}
+# path: weights saved without a run's or scripts/sft.py's config (research/text_hole_reading.py out=), loaded as `model`
+DEFAULTS = {"model": "tiny_vl", "env": "frozenlake_visual", "states": 1000, "threads": 1, "path": None}
 GAMES = ("frozenlake_visual", "frozenlake_text")
 CLAIMED = re.compile(r"holes ((?:(?:up|down|left|right)\s*)+)")
 
@@ -118,12 +119,12 @@ def main() -> None:
     if options.env not in GAMES:
         raise SystemExit(f"error: env={options.env}: the probe reads FrozenLake's holes; use {' or '.join(GAMES)}.")
     env_config = OmegaConf.load(f"configs/env/{options.env}.yaml")
-    env_kwargs = OmegaConf.to_container(OmegaConf.merge(env_config.kwargs, OmegaConf.create(options.env_kwargs)))
-    spec = resolve_model(str(options.model), OmegaConf.create({"name": "hf"}), Path("configs"), {})
+    overrides = {"source": "pretrained", "path": options.path} if options.path else {}
+    spec = resolve_model(str(options.model), OmegaConf.create({"name": "hf"}), Path("configs"), overrides)
     policy = load_local_policy(spec, "cpu")
     model, tokenizer = policy.model, policy.tokenizer
     formatter = DialogueFormatter(tokenizer, policy.image_processor)
-    env = make_env(env_config.id, **env_kwargs)
+    env = make_env(env_config.id, **OmegaConf.to_container(env_config.kwargs))
     last, tile, truth, said = [], [], [], []
     with torch.inference_mode():
         for seed in range(int(options.states)):
