@@ -11,11 +11,14 @@ player"), each from the shipped tiny_text unless `model=<folder>`:
         recipe 4's second SFT pass continued (both games' demonstrations, 16 dialogues a step, cosine decay) with the
         FrozenLake reading loss added to every step; reading_coef=0 is its control
     python research/text_hole_reading.py mode=mixed steps=300 lr=5e-4 reading_coef=0 cells_coef=1 out=<folder>
+    python research/text_hole_reading.py mode=mixed cells_steps=1000 cells_lr=1e-3 freeze_below=true steps=300 ...
         the same with cell labels instead (docs/learning.md, "What the policy cannot see"): the text analogue of
         tiny_vl's vision pre-training with `hole_labels`. A throw-away linear head reads, from every board cell's
         hidden state after `cells_layer` layers, the labels that pre-training gives each image tile: the directions
         of the player and the goal from that cell, and which of its four neighbours are holes (`tile_facts`), on 32
-        FrozenLake boards a step; cells_coef=0 is its control
+        FrozenLake boards a step; cells_coef=0 is its control. With cells_steps, first that many steps of the cell
+        labels alone, training only the embeddings and the layers below `cells_layer` (`pretrain_cells`), and with
+        freeze_below=true those stay fixed through the SFT steps, as tiny_vl's vision tower does
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from vagen.rollout.validation import eval_seeds
 
 SHIPPED = "vagen/bootstrap/shipped/warm-tiny-text-default-seed0"
 DEFAULTS = {"mode": "probe", "model": SHIPPED, "levels": 256, "steps": 1500, "lr": 1e-3, "reading_coef": 1.0,
-            "cells_coef": 0.0, "cells_layer": 2, "seed": 0, "out": None, "threads": 1}  # fmt: skip
+            "cells_coef": 0.0, "cells_layer": 2, "cells_steps": 0, "cells_lr": 1e-3, "freeze_below": "false", "seed": 0,
+            "out": None, "threads": 1}  # fmt: skip
 
 
 def reading_boards(tokenizer, levels, rng: np.random.Generator) -> list[tuple[tuple[list[int], int], str, np.ndarray]]:
@@ -61,6 +65,13 @@ def reading_boards(tokenizer, levels, rng: np.random.Generator) -> list[tuple[tu
 def cells_loss(model, head: torch.nn.Linear, layer: int, batch, pad_id: int) -> torch.Tensor:
     """Cross-entropy of `head` reading each board cell's labels (`reading_boards`) from its hidden state after `layer`
     layers, over the boards of `batch` [((ids, prompt length), reading, labels)] (their prompts only)."""
+    logits, labels = cell_logits(model, head, layer, batch, pad_id)
+    return torch.nn.functional.cross_entropy(logits.view(-1, len(RELATIVE_DIRECTIONS)), labels.view(-1))
+
+
+def cell_logits(model, head: torch.nn.Linear, layer: int, batch, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`head`'s logits for every cell of `batch`'s boards, (cells, columns, classes), and their labels (cells,
+    columns)."""
     prompts = [ids[:prompt] for (ids, prompt), _, _ in batch]
     ids = torch.full((len(prompts), max(map(len, prompts))), pad_id)
     for row, prompt in enumerate(prompts):
@@ -71,8 +82,35 @@ def cells_loss(model, head: torch.nn.Linear, layer: int, batch, pad_id: int) -> 
     cells = cells * torch.rsqrt(cells.square().mean(-1, keepdim=True) + 1e-6)  # RMS-normalised, as the next layer reads
     labels = torch.as_tensor(np.concatenate([labels for _, _, labels in batch]))
     assert cells.shape[0] == labels.shape[0], "one hidden state per board cell"
-    logits = head(cells).view(-1, len(RELATIVE_DIRECTIONS))
-    return torch.nn.functional.cross_entropy(logits, labels.view(-1))
+    return head(cells).view(*labels.shape, len(RELATIVE_DIRECTIONS)), labels
+
+
+def hole_recall(model, head: torch.nn.Linear, layer: int, boards, pad_id: int) -> str:
+    """The head's recall of the hole neighbours (up / down / left / right) over every cell of `boards`."""
+    with torch.no_grad():
+        logits, labels = cell_logits(model, head, layer, boards, pad_id)
+    said, truth = logits[:, 2:].argmax(-1) == 1, labels[:, 2:] == 1
+    return " / ".join(f"{v:.2f}" for v in ((said & truth).sum(0) / truth.sum(0)).tolist())
+
+
+def pretrain_cells(model, head: torch.nn.Linear, layer: int, boards, held_out, args: dict, pad_id: int) -> None:
+    """`cells_steps` steps of the cell labels alone (32 boards a step, AdamW at `cells_lr`), training only what is
+    below `layer` (the embeddings and the first `layer` layers) and the head: the text analogue of tiny_vl's vision
+    pre-training, which trains the vision tower alone."""
+    below = [*model.get_input_embeddings().parameters(), *model.model.layers[:layer].parameters()]
+    optimizer = torch.optim.AdamW([*below, *head.parameters()], lr=float(args["cells_lr"]), weight_decay=0.01)
+    rng, steps = np.random.default_rng(int(args["seed"]) + 1), int(args["cells_steps"])
+    model.train()
+    for step in range(1, steps + 1):
+        loss = cells_loss(model, head, layer, [boards[i] for i in rng.integers(0, len(boards), 32)], pad_id)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(below, 1.0)
+        optimizer.step()
+        if step % 200 == 0 or step == steps:
+            recall = hole_recall(model.eval(), head, layer, held_out, pad_id)
+            model.train()
+            print(f"cells step {step}: loss {loss.item():.4f}, held-out recall of hole neighbours {recall}", flush=True)
 
 
 def greedy_think(model, tokenizer, prompt_ids: list[int]) -> str:
@@ -128,7 +166,13 @@ def main(args: dict) -> None:
     cells_coef, layer = float(args["cells_coef"]), int(args["cells_layer"])
     torch.manual_seed(int(args["seed"]))
     head = torch.nn.Linear(model.config.hidden_size, boards[0][2].shape[1] * len(RELATIVE_DIRECTIONS))
-    parameters = list(model.parameters()) + (list(head.parameters()) if cells_coef > 0 else [])
+    pad = tokenizer.pad_token_id
+    if int(args["cells_steps"]):
+        pretrain_cells(model, head, layer, boards, held_out, args, pad)
+        if str(args["freeze_below"]).lower() == "true":  # as tiny_vl's SFT keeps the pre-trained vision tower fixed
+            for parameter in [*model.get_input_embeddings().parameters(), *model.model.layers[:layer].parameters()]:
+                parameter.requires_grad_(False)
+    parameters = [p for p in model.parameters() if p.requires_grad] + (list(head.parameters()) if cells_coef else [])
     optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, 10, 0.05) if demos else 1.0)
     if demos:
@@ -149,7 +193,7 @@ def main(args: dict) -> None:
         reading = board_reading_loss(model, tokenizer, [example for example, _, _ in drawn])
         if coef > 0:
             (coef * reading).backward()
-        cells = cells_loss(model, head, layer, drawn, tokenizer.pad_token_id) if cells_coef > 0 else torch.zeros(())
+        cells = cells_loss(model, head, layer, drawn, pad) if cells_coef > 0 else torch.zeros(())
         if cells_coef > 0:
             (cells_coef * cells).backward()
         torch.nn.utils.clip_grad_norm_(parameters, 1.0)
