@@ -32,10 +32,9 @@ class FrozenLakeEnv(FrozenLakeTextEnv):
     """`FrozenLakeTextEnv` plus an image of the lake.
 
     `tile_px` is the side of one cell in pixels (default 28, one image token of Qwen2.5-VL per cell): a 4×4 lake is a
-    112×112 image. The
-    image is never rescaled. Ice is pale blue, holes dark water, the goal a red flag in a gold
-    frame, the player a figure in red (sinking, in grey, when in a hole). All other keyword
-    arguments are `FrozenLakeTextEnv`'s.
+    112×112 image. The image is never rescaled. Ice is pale blue, holes dark water, the goal a red flag in a gold
+    frame, the player a figure in red (sinking, in grey, when in a hole). All other keyword arguments are
+    `FrozenLakeTextEnv`'s.
     """
 
     def __init__(self, *, tile_px: int = DEFAULT_TILE_PX, **kwargs: Any) -> None:

@@ -6,8 +6,8 @@
     python research/hole_probe.py env=frozenlake_text model=tiny_text [path=<a bare model folder of that kind>]
 
 At `states` first-turn states of `env` (frozenlake_visual or frozenlake_text: configs/env/<env>.yaml; reset seeds 0,
-1, ...; the player's start cell is random), the prompt and the demonstration's `<think>` up
-to its hole part ("goal is down-right of me,") are run through the model once. Two measurements of the same states:
+1, ...; the player's start cell is random), the prompt and the demonstration's `<think>` up to its hole part ("goal is
+down-right of me,") are run through the model once. Two measurements of the same states:
 - the model's own reading: its greedy continuation from there ("no hole next to me." / "holes up left."), per side
   of the player: how often right, and the share of the holes that are there it names (recall);
 - linear probes (logistic regression on 70% of the states, scored on the other 30%) for "a hole is up / down / left /

@@ -193,8 +193,9 @@ def main(args: dict) -> None:
         reading = board_reading_loss(model, tokenizer, [example for example, _, _ in drawn])
         if coef > 0:
             (coef * reading).backward()
-        cells = cells_loss(model, head, layer, drawn, pad) if cells_coef > 0 else torch.zeros(())
+        cells = torch.zeros(())
         if cells_coef > 0:
+            cells = cells_loss(model, head, layer, drawn, pad)
             (cells_coef * cells).backward()
         torch.nn.utils.clip_grad_norm_(parameters, 1.0)
         optimizer.step()
