@@ -93,11 +93,16 @@ def hole_recall(model, head: torch.nn.Linear, layer: int, boards, pad_id: int) -
     return " / ".join(f"{v:.2f}" for v in ((said & truth).sum(0) / truth.sum(0)).tolist())
 
 
+def parameters_below(model, layer: int) -> list[torch.nn.Parameter]:
+    """What computes the hidden states after `layer` layers: the embeddings and the first `layer` layers."""
+    return [*model.get_input_embeddings().parameters(), *model.model.layers[:layer].parameters()]
+
+
 def pretrain_cells(model, head: torch.nn.Linear, layer: int, boards, held_out, args: dict, pad_id: int) -> None:
     """`cells_steps` steps of the cell labels alone (32 boards a step, AdamW at `cells_lr`), training only what is
-    below `layer` (the embeddings and the first `layer` layers) and the head: the text analogue of tiny_vl's vision
-    pre-training, which trains the vision tower alone."""
-    below = [*model.get_input_embeddings().parameters(), *model.model.layers[:layer].parameters()]
+    below `layer` (`parameters_below`) and the head: the text analogue of tiny_vl's vision pre-training, which trains
+    the vision tower alone."""
+    below = parameters_below(model, layer)
     optimizer = torch.optim.AdamW([*below, *head.parameters()], lr=float(args["cells_lr"]), weight_decay=0.01)
     rng, steps = np.random.default_rng(int(args["seed"]) + 1), int(args["cells_steps"])
     model.train()
@@ -170,7 +175,7 @@ def main(args: dict) -> None:
     if int(args["cells_steps"]):
         pretrain_cells(model, head, layer, boards, held_out, args, pad)
         if str(args["freeze_below"]).lower() == "true":  # as tiny_vl's SFT keeps the pre-trained vision tower fixed
-            for parameter in [*model.get_input_embeddings().parameters(), *model.model.layers[:layer].parameters()]:
+            for parameter in parameters_below(model, layer):
                 parameter.requires_grad_(False)
     parameters = [p for p in model.parameters() if p.requires_grad] + (list(head.parameters()) if cells_coef else [])
     optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.01)
