@@ -366,7 +366,11 @@ def test_every_shipped_build_verifies_as_built():
     from vagen.models.cache import COMPLETE_MARKER
 
     built = sorted(marker.parent for marker in SHIPPED_DIR.glob(f"*/{COMPLETE_MARKER}"))
-    assert [folder.name for folder in built] == ["warm-tiny-text-default-seed0", "warm-tiny-vl-default-seed0"]
+    assert [folder.name for folder in built] == [
+        "tiny-vl-holes",
+        "warm-tiny-text-default-seed0",
+        "warm-tiny-vl-default-seed0",
+    ]
     for folder in built:
         verify_built_folder(folder)
 
