@@ -34,7 +34,7 @@ from vagen.bootstrap.warmstart import (
 )
 from vagen.env import make_env
 from vagen.env.policies import RELATIVE_DIRECTIONS
-from vagen.models.cache import read_stamp, sha256_file, verify_built_folder
+from vagen.models.cache import is_complete, read_stamp, verify_built_folder
 from vagen.rollout import DialogueFormatter, trajectories_to_batch
 from vagen.rollout.validation import eval_seeds
 
@@ -464,7 +464,7 @@ def test_shipped_tiny_vl_holes_is_its_recipe_on_the_shipped_tiny_vl_and_plays_as
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from vagen.bootstrap.sources import TINY_VL_HOLES_FOLDER, TINY_VL_HOLES_SFT
+    from vagen.bootstrap.sources import TINY_VL_HOLES_FOLDER, TINY_VL_HOLES_SFT, tiny_vl_holes_stamp
     from vagen.models.registry import model_folder
 
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "configs"), version_base=None):
@@ -477,11 +477,9 @@ def test_shipped_tiny_vl_holes_is_its_recipe_on_the_shipped_tiny_vl_and_plays_as
     report = read_report(TINY_VL_HOLES_FOLDER)
     recipe = {key: value for key, value in report["recipe"].items() if key not in ("size", "base_seed", "bf16")}
     assert recipe == {key: sft.sft[key] for key in recipe} and report["env"] == "frozenlake_visual"
-    stamp = read_stamp(TINY_VL_HOLES_FOLDER)
-    assert stamp["sft"] == TINY_VL_HOLES_SFT
-    tiny_vl = SHIPPED_DIR / stamp["base"]["folder"]
-    assert stamp["base"]["model.safetensors sha256"] == sha256_file(tiny_vl / "model.safetensors"), (
-        "the shipped tiny_vl changed: rebuild tiny_vl_holes with scripts/sft.py TINY_VL_HOLES_SFT and ship it"
+    assert is_complete(TINY_VL_HOLES_FOLDER, tiny_vl_holes_stamp()), (
+        "the shipped tiny_vl or TINY_VL_HOLES_SFT changed: rebuild tiny_vl_holes with scripts/sft.py TINY_VL_HOLES_SFT "
+        "and ship it, its marker {**tiny_vl_holes_stamp(), **file_manifest(folder, COMPLETE_MARKER)}"
     )
     assert (default.model.name, default.model.source) == ("tiny_vl_holes", "tiny_vl_holes")
     folder = model_folder(default.model.source, default.model.path, default.model.size)

@@ -16,6 +16,7 @@ from dataclasses import replace
 from vagen.bootstrap.tiny import build_tiny_text_lm, build_tiny_vl
 from vagen.bootstrap.tiny_text import TINY_TEXT_RECIPE, BoardReading, build_tiny_text, build_warm_tiny_text
 from vagen.bootstrap.warmstart import SHIPPED_DIR, WarmStartRecipe, build_warm_tiny_vl
+from vagen.models.cache import sha256_file
 from vagen.models.lora import materialize_adapter
 from vagen.models.registry import MODEL_SOURCES, load_policy
 
@@ -84,6 +85,19 @@ TINY_VL_HOLES_SFT = [
     "sft.eval_episodes=256",
     "sft.config_name=null",
 ]
+
+
+TINY_VL_HOLES_BASE = SHIPPED_DIR / "warm-tiny-vl-default-seed0"  # the shipped tiny_vl it continues
+
+
+def tiny_vl_holes_stamp() -> dict[str, object]:
+    """The stamp of the shipped folder's marker (`.vagen-complete.json`, written with its `file_manifest`): the
+    overrides that built it and the sha256 of the tiny_vl weights they continued, so a changed tiny_vl shows."""
+    base = {
+        "folder": TINY_VL_HOLES_BASE.name,
+        "model.safetensors sha256": sha256_file(TINY_VL_HOLES_BASE / "model.safetensors"),
+    }
+    return {"model": "tiny-vl-holes", "sft": TINY_VL_HOLES_SFT, "base": base}
 
 
 @MODEL_SOURCES.register("tiny_vl_holes")
