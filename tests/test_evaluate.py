@@ -89,6 +89,12 @@ def test_two_envs_tiny_models_and_random_policy(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {(r["model"], r["env"]) for r in summary} == set(cells)
     assert "| random | sokoban_text | 2 |" in (tmp_path / "summary.md").read_text()
+    # Later models are paired level by level with each env's first model that played it (none for the skipped cell).
+    assert cells[("random", "sokoban_text")]["paired_against"] == "tiny_vl_test"
+    assert cells[("random", "frozenlake_visual")]["paired_levels"] == 2
+    assert cells[("tiny_text_test", "frozenlake_visual")]["paired_against"] == ""
+    assert cells[("tiny_vl_test", "sokoban_text")]["paired_against"] == ""
+    assert "| random | frozenlake_visual |" in (tmp_path / "summary.md").read_text().split("| against |")[1]
     assert (tmp_path / "summary.csv").read_text().splitlines()[0].startswith("model,env,episodes,errors,success")
     assert Image.open(tmp_path / "success.png").format == "PNG"
 
@@ -160,6 +166,35 @@ def test_per_seed_summary_tells_sharpening_from_improving():
     assert (mixed["success_low"], mixed["success_high"]) == pytest.approx(wilson_interval(2, 4))
     single = summarize_cell("m", "e", records([[True]] * 3 + [[False]]))
     assert (single["success_low"], single["success_high"]) == pytest.approx(wilson_interval(3, 4))
+
+
+def test_each_model_is_paired_by_level_with_the_first_model_of_its_env():
+    from vagen.eval.summary import add_paired_changes, markdown_table, summarize_cell
+
+    def records(outcomes_by_seed):
+        return [
+            {"seed": seed, "success": won, "error": None, "reward": 0.0, "turns": 1, "format_ok_turns": 1,
+             "invalid_action_turns": 0, "response_tokens": None, "wall_time_s": 0.1}
+            for seed, outcomes in outcomes_by_seed.items()
+            for won in outcomes
+        ]  # fmt: skip
+
+    cells = [
+        ("skipped", "e", {}),  # did not play (e.g. text-only on an image game): never the reference
+        ("a", "e", {1: [False, False], 2: [True, False], 3: [True, True]}),
+        ("b", "e", {1: [True, False], 2: [True, True], 3: [True, True], 4: [True, True]}),  # seed 4: a alone lacks it
+        ("b", "other", {1: [True], 2: [False]}),  # first of its env
+    ]
+    rows = [summarize_cell(model, env, records(outcomes)) for model, env, outcomes in cells]
+    add_paired_changes(rows, [records(outcomes) for *_, outcomes in cells])
+    # Per level a = 0, 0.5, 1 and b = 0.5, 1, 1: differences 0.5, 0.5, 0 (mean 1/3, sample variance 1/12).
+    half_width = 1.959964 * math.sqrt(1 / 12 / 3)
+    assert rows[2]["paired_against"] == "a" and rows[2]["paired_levels"] == 3
+    assert rows[2]["paired_change"] == pytest.approx(1 / 3)
+    assert (rows[2]["paired_low"], rows[2]["paired_high"]) == pytest.approx((1 / 3 - half_width, 1 / 3 + half_width))
+    for first in (rows[0], rows[1], rows[3]):
+        assert first["paired_against"] == "" and math.isnan(first["paired_change"])
+    assert "| b | e | +33.3 pts [" in markdown_table(rows)
 
 
 def test_paired_change_is_the_mean_per_level_difference_with_its_interval():

@@ -31,7 +31,7 @@ from vagen.env import make_env
 from vagen.eval.episodes import from_trajectory
 from vagen.eval.models import ModelSpec, export_for_vllm, load_local_policy, resolve_models
 from vagen.eval.storage import CellStore, atomic_write_text
-from vagen.eval.summary import markdown_table, plot_success, summarize_cell, write_summary
+from vagen.eval.summary import add_paired_changes, markdown_table, plot_success, summarize_cell, write_summary
 from vagen.rollout import DialogueFormatter, RolloutSpec, collect_rollouts
 from vagen.rollout.chat import EpisodeResult, Responder, api_responder, play_chat_episodes, policy_responder
 from vagen.rollout.context import DEFAULT_SYSTEM_PROMPT
@@ -281,13 +281,13 @@ def write_gifs(store: CellStore, records: list[dict[str, Any]], cfg: DictConfig)
 
 def run_cell(
     spec: ModelSpec, env_cfg: dict[str, Any], cfg: DictConfig, out_dir: Path, get_agent: Callable[[], Any]
-) -> dict[str, Any]:
-    """Play the cell's missing episodes, make its GIFs, and return its summary row."""
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Play the cell's missing episodes, make its GIFs, and return its summary row and episode records."""
     store = CellStore(out_dir / spec.label / env_cfg["name"], spec.label, env_cfg["name"])
     note = incompatibility(spec, env_cfg)
     if note:
         logger.warning("%s on %s %s", spec.label, env_cfg["name"], note)
-        return summarize_cell(spec.label, env_cfg["name"], [], note=note)
+        return summarize_cell(spec.label, env_cfg["name"], [], note=note), []
     store.check_settings(cell_settings(spec, env_cfg, cfg))
     seeds = episode_seeds(cfg)
     pending = [(k, s) for k, s in enumerate(seeds) if not store.is_finished(k, s, bool(cfg.retry_failed))]
@@ -303,7 +303,7 @@ def run_cell(
     records = [store.load(k, s) for k, s in enumerate(seeds)]
     assert all(r is not None for r in records), "every episode was just written or already on disk"
     write_gifs(store, records, cfg)
-    return summarize_cell(spec.label, env_cfg["name"], records)
+    return summarize_cell(spec.label, env_cfg["name"], records), records
 
 
 # ---- the whole benchmark --------------------------------------------------------------------
@@ -374,13 +374,16 @@ def evaluate(cfg: DictConfig, config_dir: Path) -> EvalReport:
     out_dir.mkdir(parents=True, exist_ok=True)
     config_text = OmegaConf.to_yaml(cfg, resolve=True)  # what ran: key variables by name, URLs without userinfo
     atomic_write_text(out_dir / "config.yaml", redact_secrets(config_text, cfg.engine.get("api_key_env")))
-    rows = []
+    rows, records = [], []
     for spec in specs:
         agent = _LazyAgent(lambda spec=spec: build_agent(spec, cfg, out_dir))
         for env_cfg in env_cfgs:
-            rows.append(run_cell(spec, env_cfg, cfg, out_dir, agent.get))
+            row, cell_records = run_cell(spec, env_cfg, cfg, out_dir, agent.get)
+            rows.append(row)
+            records.append(cell_records)
         del agent  # free the model before the next one loads
         gc.collect()
+    add_paired_changes(rows, records)
     files = write_summary(rows, out_dir, title=f"Evaluation {out_dir.name}: {cfg.episodes} episodes per env")
     if cfg.plot:
         title = f"Success over {cfg.episodes} episodes (95% Wilson CI)"

@@ -15,6 +15,11 @@ out of every rate, because they say nothing about the model):
 - invalid_action: answers that were well-formed but named an action the game refused, over well-formed answers.
 - tokens_per_episode: mean sampled (or API completion) tokens per episode; empty for scripted policies.
 - seconds_per_episode: wall time per episode (episodes of a batch run together and share its time).
+- paired_change / paired_low / paired_high / paired_levels / paired_against: the success change against the first
+  model that played the same env (`paired_against`), paired by level: each level's success averaged over its samples,
+  the mean difference over the levels both played and its 95% interval (`paired_change` of the trainer's held-out
+  line). Every cell of one benchmark plays the same levels, so pairing removes the between-level variance that two
+  Wilson intervals each carry. Empty for the first model and for cells that did not play.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from vagen.eval.storage import atomic_write_text
-from vagen.rollout.validation import wilson_interval
+from vagen.rollout.validation import change_text, paired_change, wilson_interval
 
 COLUMNS = (
     "model",
@@ -49,6 +54,11 @@ COLUMNS = (
     "tokens_per_episode",
     "seconds_per_episode",
     "wall_time_s",
+    "paired_change",
+    "paired_low",
+    "paired_high",
+    "paired_levels",
+    "paired_against",
     "note",
 )
 
@@ -96,8 +106,28 @@ def summarize_cell(model: str, env: str, records: Sequence[dict[str, Any]], note
         "tokens_per_episode": _ratio(sum(tokens), len(tokens)) if tokens else math.nan,
         "seconds_per_episode": _ratio(wall, len(records)),
         "wall_time_s": wall,
+        "paired_change": math.nan,
+        "paired_low": math.nan,
+        "paired_high": math.nan,
+        "paired_levels": 0,
+        "paired_against": "",
         "note": note,
     }
+
+
+def add_paired_changes(rows: Sequence[dict[str, Any]], records: Sequence[Sequence[dict[str, Any]]]) -> None:
+    """Fill each row's paired change against the first row of its env that played (`records[i]` are row i's
+    episode records), in place: each level's success averaged over its samples, paired over the levels both played."""
+    first: dict[str, tuple[str, dict[int, float]]] = {}
+    for row, cell in zip(rows, records, strict=True):
+        by_seed = {seed: sum(wins) / len(wins) for seed, wins in outcomes_by_seed(cell).items()}
+        if not by_seed:
+            continue
+        label, reference = first.setdefault(row["env"], (row["model"], by_seed))
+        if reference is by_seed or len(reference.keys() & by_seed.keys()) < 2:
+            continue
+        mean, low, high, levels = paired_change(reference, by_seed)
+        row.update(paired_change=mean, paired_low=low, paired_high=high, paired_levels=levels, paired_against=label)
 
 
 def _fmt(value: Any, percent: bool = False, digits: int = 2) -> str:
@@ -144,6 +174,12 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
             shares = [row["seeds_all_solved"], row["seeds_none_solved"], sometimes, row["pass_at_k"]]
             cells = [row["model"], row["env"], str(row["seeds"]), f"{row['episodes'] / row['seeds']:g}"]
             lines.append("| " + " | ".join(cells + [_fmt(v, percent=True) for v in shares]) + " |")
+    paired = [row for row in rows if row.get("paired_against")]
+    if paired:  # the change against each env's first model, level by level
+        lines += ["", "| model | env | paired change [95% CI] | against | levels |", "|" + "---|" * 5]
+        for row in paired:
+            change = change_text(row["paired_change"], row["paired_low"], row["paired_high"])
+            lines.append(f"| {row['model']} | {row['env']} | {change} | {row['paired_against']} | {row['paired_levels']} |")
     models = list(dict.fromkeys(row["model"] for row in rows))
     envs = list(dict.fromkeys(row["env"] for row in rows))
     by_cell = {(row["model"], row["env"]): row for row in rows}
