@@ -179,7 +179,8 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
         lines += ["", "| model | env | paired change [95% CI] | against | levels |", "|" + "---|" * 5]
         for row in paired:
             change = change_text(row["paired_change"], row["paired_low"], row["paired_high"])
-            lines.append(f"| {row['model']} | {row['env']} | {change} | {row['paired_against']} | {row['paired_levels']} |")
+            cells = [row["model"], row["env"], change, row["paired_against"], str(row["paired_levels"])]
+            lines.append("| " + " | ".join(cells) + " |")
     models = list(dict.fromkeys(row["model"] for row in rows))
     envs = list(dict.fromkeys(row["env"] for row in rows))
     by_cell = {(row["model"], row["env"]): row for row in rows}
