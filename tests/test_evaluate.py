@@ -137,25 +137,30 @@ def test_samples_per_seed_replays_each_seed_with_its_own_samples(tmp_path):
     assert assistant_texts(tmp_path / "small") == assistant_texts(tmp_path)
 
 
+def episode_records(outcomes_by_seed: dict[int, list[bool]]) -> list[dict]:
+    """Minimal evaluate.py episode records: each seed's outcomes, one record each."""
+    return [
+        {
+            "seed": seed,
+            "success": won,
+            "error": None,
+            "reward": float(won),
+            "turns": 1,
+            "format_ok_turns": 1,
+            "invalid_action_turns": 0,
+            "response_tokens": 4,
+            "wall_time_s": 0.1,
+        }
+        for seed, outcomes in outcomes_by_seed.items()
+        for won in outcomes
+    ]
+
+
 def test_per_seed_summary_tells_sharpening_from_improving():
     from vagen.eval.summary import summarize_cell
 
-    def records(outcomes_by_seed):
-        return [
-            {
-                "seed": seed,
-                "success": won,
-                "error": None,
-                "reward": float(won),
-                "turns": 1,
-                "format_ok_turns": 1,
-                "invalid_action_turns": 0,
-                "response_tokens": 4,
-                "wall_time_s": 0.1,
-            }
-            for seed, outcomes in enumerate(outcomes_by_seed)
-            for won in outcomes
-        ]
+    def records(outcomes):
+        return episode_records(dict(enumerate(outcomes)))
 
     mixed = summarize_cell("m", "e", records([[True, False]] * 4))  # every seed solved half the time
     sharp = summarize_cell("m", "e", records([[True, True]] * 2 + [[False, False]] * 2))  # same mean, polarised
@@ -171,22 +176,14 @@ def test_per_seed_summary_tells_sharpening_from_improving():
 def test_each_model_is_paired_by_level_with_the_first_model_of_its_env():
     from vagen.eval.summary import add_paired_changes, markdown_table, summarize_cell
 
-    def records(outcomes_by_seed):
-        return [
-            {"seed": seed, "success": won, "error": None, "reward": 0.0, "turns": 1, "format_ok_turns": 1,
-             "invalid_action_turns": 0, "response_tokens": None, "wall_time_s": 0.1}
-            for seed, outcomes in outcomes_by_seed.items()
-            for won in outcomes
-        ]  # fmt: skip
-
     cells = [
         ("skipped", "e", {}),  # did not play (e.g. text-only on an image game): never the reference
         ("a", "e", {1: [False, False], 2: [True, False], 3: [True, True]}),
         ("b", "e", {1: [True, False], 2: [True, True], 3: [True, True], 4: [True, True]}),  # seed 4: a alone lacks it
         ("b", "other", {1: [True], 2: [False]}),  # first of its env
     ]
-    rows = [summarize_cell(model, env, records(outcomes)) for model, env, outcomes in cells]
-    add_paired_changes(rows, [records(outcomes) for *_, outcomes in cells])
+    rows = [summarize_cell(model, env, episode_records(outcomes)) for model, env, outcomes in cells]
+    add_paired_changes(rows, [episode_records(outcomes) for *_, outcomes in cells])
     # Per level a = 0, 0.5, 1 and b = 0.5, 1, 1: differences 0.5, 0.5, 0 (mean 1/3, sample variance 1/12).
     half_width = 1.959964 * math.sqrt(1 / 12 / 3)
     assert rows[2]["paired_against"] == "a" and rows[2]["paired_levels"] == 3
