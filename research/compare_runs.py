@@ -8,7 +8,9 @@ is counted once).
 
 Options:
   b=DIR,DIR,...   the runs to measure (run folders of scripts/train.py or research/bench_learning.py, or a file that
-                  save= wrote, which stands for all the runs it holds, in order)
+                  save= wrote, which stands for all the runs it holds, in order; or cells of scripts/evaluate.py,
+                  `<out_dir>/<model>/<env>`, each one validation at iteration 0: its levels' success averaged over
+                  their samples, as it was played, so a cell needs a= and is never read greedily)
   a=DIR,DIR,...   the runs to compare them with, paired in order (the same training seed on both sides, as a rule);
                   empty (the default): each b run against its own validation at iteration 0, the warm start
   at=N            the iteration of b's validations (-1, the default: the latest that every b run validated)
@@ -24,6 +26,9 @@ Examples:
   a run against itself:       a=out/arm-seed0 at_a=117 b=out/arm-seed0 at=156
   a fork against its source:  a=runs/constant b=runs/annealed
   against runs kept as a file: a=docs/runs/<arm>.json b=out/armB-seed0,out/armB-seed1,out/armB-seed2
+  on levels never validated on (evaluate.py seed_offset=256 of the start and of three runs' last checkpoints):
+                              a=ev/tiny_vl/sokoban_visual,ev/tiny_vl/sokoban_visual,ev/tiny_vl/sokoban_visual
+                              b=ev/run-seed0/sokoban_visual,ev/run-seed1/sokoban_visual,ev/run-seed2/sokoban_visual
 
 Each run's latest checkpoint is read (verified, nothing restored). Checkpoints saved before 2026-11-30 hold only
 the validation at iteration 0 and the last one (its iteration read from the run's metrics.jsonl).
@@ -38,6 +43,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from vagen.cli import script_options
+from vagen.eval import CellStore, outcomes_by_seed
 from vagen.logging import read_metrics
 from vagen.rollout.validation import change_text, paired_change
 from vagen.trainer.checkpoint import latest_checkpoint, read_state
@@ -73,6 +79,19 @@ def validations(run_dir: Path, greedy: bool = False) -> dict[int, dict[int, floa
     if state.get("val_outcomes") and validated:
         history[max(validated)] = dict(state["val_outcomes"])
     return history
+
+
+def is_cell(path: Path) -> bool:
+    """Whether `path` is a cell of scripts/evaluate.py (`<out_dir>/<model>/<env>`, holding episodes/)."""
+    return (path / "episodes").is_dir()
+
+
+def cell_validation(cell: Path) -> dict[int, dict[int, float]]:
+    """An evaluate.py cell as one validation at iteration 0: each level's success averaged over its samples."""
+    by_seed = outcomes_by_seed(CellStore(cell, cell.parent.name, cell.name).records())
+    if not by_seed:
+        raise ValueError(f"{cell} holds no played episode; evaluate into it first (scripts/evaluate.py).")
+    return {0: {seed: sum(wins) / len(wins) for seed, wins in by_seed.items()}}
 
 
 def save_runs(runs: list[Run], path: Path) -> None:
@@ -115,14 +134,21 @@ def level_outcomes(levels: list[int], outcomes: list[float | None]) -> dict[int,
 
 
 def load_runs(text: str, greedy: bool = False) -> list[Run]:
-    """The runs of a comma-separated list of run folders and saved files (with `greedy`, run folders only)."""
+    """The runs of a comma-separated list of run folders, saved files and evaluate.py cells (with `greedy`, run
+    folders only)."""
     runs = []
     for part in filter(None, text.split(",")):
         path = Path(part)
         if path.suffix == ".json" and greedy:
             raise ValueError(f"{path}: a save= file keeps sampled validations only; name the run folders with "
                              "greedy=true.")  # fmt: skip
-        runs += read_saved(path) if path.suffix == ".json" else [Run(path.name, validations(path, greedy))]
+        if is_cell(path) and greedy:
+            raise ValueError(f"{path}: an evaluate.py cell is compared as it was played; evaluate greedily "
+                             "(greedy=true there) and compare without greedy=true.")  # fmt: skip
+        if is_cell(path):
+            runs.append(Run(f"{path.parent.name}/{path.name}", cell_validation(path)))
+        else:
+            runs += read_saved(path) if path.suffix == ".json" else [Run(path.name, validations(path, greedy))]
     return runs
 
 
@@ -187,6 +213,9 @@ def main(argv: list[str]) -> None:
         if greedy and options.save:
             raise ValueError("save= keeps sampled validations only; save without greedy=true.")
         b = load_runs(options.b, greedy)
+        if not options.a and any(is_cell(Path(part)) for part in options.b.split(",")):
+            raise ValueError("an evaluate.py cell has no start of its own to compare with; give a= (e.g. the start's "
+                             "cell on the same levels, once per b).")  # fmt: skip
         print(compare(load_runs(options.a, greedy), b, int(options.at), int(options.at_a)))
         if options.save:
             save_runs(b, Path(options.save))

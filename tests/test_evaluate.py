@@ -376,3 +376,32 @@ def test_evaluate_plays_the_trainers_validation_episodes(tmp_path):
     validated = {f"ep{k:05d}_seed{t.seed}.json": [turn.response_text for turn in t.turns] for k, t in
                  enumerate(trajectories)}  # fmt: skip
     assert assistant_texts(tmp_path) == validated
+
+
+def test_compare_runs_pairs_evaluate_cells_by_level(tmp_path, capsys):
+    """A cell of scripts/evaluate.py is a run to research/compare_runs.py: one validation at iteration 0, each level's
+    success averaged over its samples; so groups of cells pair by level as runs do. A cell needs a= and is not read
+    greedily (it was played as it was)."""
+    from test_trainer import repo_module
+
+    compare_runs = repo_module("research/compare_runs.py")
+    run(tmp_path, "model=[random,solver]", "env=[frozenlake_visual]", "episodes=8", "samples_per_seed=2")
+    cells = {model: tmp_path / model / "frozenlake_visual" for model in ("random", "solver")}
+    levels = {}
+    for model, cell in cells.items():  # read independently of the code under test: the episode files themselves
+        wins: dict[int, list[bool]] = {}
+        for path in (cell / "episodes").glob("*.json"):
+            record = json.loads(path.read_text())
+            wins.setdefault(record["seed"], []).append(bool(record["success"]))
+        assert len(wins) == 4 and all(len(w) == 2 for w in wins.values())  # 4 levels x 2 samples
+        levels[model] = {seed: sum(w) / len(w) for seed, w in wins.items()}
+    (random_run,) = compare_runs.load_runs(str(cells["random"]))
+    assert random_run == compare_runs.Run("random/frozenlake_visual", {0: levels["random"]})
+    mean, low, high, _ = paired_change(levels["random"], levels["solver"])
+    table = compare_runs.compare([random_run], compare_runs.load_runs(str(cells["solver"])), -1, -1)
+    assert f"{mean * 100:+.1f} pts [{low * 100:+.1f}, {high * 100:+.1f}] over 4 levels |" in table
+    with pytest.raises(SystemExit):
+        compare_runs.main([f"b={cells['solver']}"])
+    assert "has no start of its own" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="compared as it was played"):
+        compare_runs.load_runs(str(cells["solver"]), greedy=True)

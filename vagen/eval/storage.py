@@ -125,6 +125,16 @@ class CellStore:
             return None
         return record
 
+    def records(self) -> list[dict[str, Any]]:
+        """Every valid episode record stored here, in episode order (an unreadable file is left out, as by `load`)."""
+        found = []
+        for path in sorted((self.folder / "episodes").glob("ep*_seed*.json")):
+            index, _, seed = path.stem.removeprefix("ep").partition("_seed")
+            record = self.load(int(index), int(seed)) if index.isdigit() and seed.isdigit() else None
+            if record is not None:
+                found.append(record)
+        return found
+
     def is_finished(self, index: int, seed: int, retry_failed: bool) -> bool:
         record = self.load(index, seed)
         return record is not None and (record["error"] is None or not retry_failed)
