@@ -40,7 +40,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from vagen.cli import script_options
-from vagen.eval import CellStore, change_text, evaluate, outcomes_by_seed, paired_change
+from vagen.eval import CellStore, change_text, evaluate, paired_change, success_by_seed
 from vagen.eval.runner import episode_seeds
 from vagen.logging import read_metrics
 from vagen.viz.plots import new_figure, save_figure
@@ -427,12 +427,11 @@ def paired_config(
     return cfg
 
 
-def success_by_seed(cfg: DictConfig, label: str) -> dict[int, float]:
+def cell_success(cfg: DictConfig, label: str) -> dict[int, float]:
     """Each evaluation seed's success rate over its samples in the evaluate cell (label, the only env)."""
     env = str(cfg.envs[0])
     store = CellStore(Path(cfg.out_dir) / label / env, label, env)
-    records = [store.load(index, seed) for index, seed in enumerate(episode_seeds(cfg))]
-    return {seed: sum(wins) / len(wins) for seed, wins in outcomes_by_seed(records).items()}
+    return success_by_seed([store.load(index, seed) for index, seed in enumerate(episode_seeds(cfg))])
 
 
 def paired_summary(
@@ -443,7 +442,7 @@ def paired_summary(
     shutil.rmtree(out_dir, ignore_errors=True)  # the runs were just retrained: old episodes are not theirs
     cfg = paired_config(runs, samples, seeds, out_dir, greedy)
     base_row, *run_rows = evaluate(cfg, ROOT / "configs").rows
-    before = success_by_seed(cfg, base_row["model"])
+    before = cell_success(cfg, base_row["model"])
     plays = "greedy decoding, once each" if greedy else f"{samples} samples each"
     lines = [
         f"Paired re-measurement: {seeds} held-out seeds x {plays}, warm start "
@@ -455,7 +454,7 @@ def paired_summary(
     after_by_algorithm: dict[str, list[dict[int, float]]] = {}
     lows: dict[str, list[float]] = {}
     for (algorithm, seed), row in zip(runs, run_rows, strict=True):
-        after = success_by_seed(cfg, row["model"])
+        after = cell_success(cfg, row["model"])
         mean, low, high, _ = paired_change(before, after)
         after_by_algorithm.setdefault(algorithm, []).append(after)
         lows.setdefault(algorithm, []).append(low)

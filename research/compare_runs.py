@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from vagen.cli import script_options
-from vagen.eval import CellStore, outcomes_by_seed
+from vagen.eval import CellStore, success_by_seed
 from vagen.logging import read_metrics
 from vagen.rollout.validation import change_text, paired_change
 from vagen.trainer.checkpoint import latest_checkpoint, read_state
@@ -88,10 +88,10 @@ def is_cell(path: Path) -> bool:
 
 def cell_validation(cell: Path) -> dict[int, dict[int, float]]:
     """An evaluate.py cell as one validation at iteration 0: each level's success averaged over its samples."""
-    by_seed = outcomes_by_seed(CellStore(cell, cell.parent.name, cell.name).records())
+    by_seed = success_by_seed(CellStore(cell, cell.parent.name, cell.name).records())
     if not by_seed:
         raise ValueError(f"{cell} holds no played episode; evaluate into it first (scripts/evaluate.py).")
-    return {0: {seed: sum(wins) / len(wins) for seed, wins in by_seed.items()}}
+    return {0: by_seed}
 
 
 def save_runs(runs: list[Run], path: Path) -> None:

@@ -8,6 +8,7 @@ from vagen.eval.summary import (
     markdown_table,
     outcomes_by_seed,
     plot_success,
+    success_by_seed,
     summarize_cell,
     write_summary,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "policy_responder",
     "rename_overrides",
     "resolve_models",
+    "success_by_seed",
     "summarize_cell",
     "wilson_interval",
     "write_summary",

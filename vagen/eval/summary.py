@@ -76,6 +76,11 @@ def outcomes_by_seed(records: Sequence[dict[str, Any]]) -> dict[int, list[bool]]
     return by_seed
 
 
+def success_by_seed(records: Sequence[dict[str, Any]]) -> dict[int, float]:
+    """Each env seed's success rate over its samples, over the records that played (no error)."""
+    return {seed: sum(wins) / len(wins) for seed, wins in outcomes_by_seed(records).items()}
+
+
 def summarize_cell(model: str, env: str, records: Sequence[dict[str, Any]], note: str = "") -> dict[str, Any]:
     """One summary row from the episode records of one (model, env)."""
     played = [r for r in records if r["error"] is None]
@@ -120,7 +125,7 @@ def add_paired_changes(rows: Sequence[dict[str, Any]], records: Sequence[Sequenc
     episode records), in place: each level's success averaged over its samples, paired over the levels both played."""
     first: dict[str, tuple[str, dict[int, float]]] = {}
     for row, cell in zip(rows, records, strict=True):
-        by_seed = {seed: sum(wins) / len(wins) for seed, wins in outcomes_by_seed(cell).items()}
+        by_seed = success_by_seed(cell)
         if not by_seed:
             continue
         label, reference = first.setdefault(row["env"], (row["model"], by_seed))
