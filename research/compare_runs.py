@@ -139,16 +139,18 @@ def load_runs(text: str, greedy: bool = False) -> list[Run]:
     runs = []
     for part in filter(None, text.split(",")):
         path = Path(part)
-        if path.suffix == ".json" and greedy:
-            raise ValueError(f"{path}: a save= file keeps sampled validations only; name the run folders with "
-                             "greedy=true.")  # fmt: skip
-        if is_cell(path) and greedy:
-            raise ValueError(f"{path}: an evaluate.py cell is compared as it was played; evaluate greedily "
-                             "(greedy=true there) and compare without greedy=true.")  # fmt: skip
         if is_cell(path):
+            if greedy:
+                raise ValueError(f"{path}: an evaluate.py cell is compared as it was played; evaluate greedily "
+                                 "(greedy=true there) and compare without greedy=true.")  # fmt: skip
             runs.append(Run(f"{path.parent.name}/{path.name}", cell_validation(path)))
+        elif path.suffix == ".json":
+            if greedy:
+                raise ValueError(f"{path}: a save= file keeps sampled validations only; name the run folders with "
+                                 "greedy=true.")  # fmt: skip
+            runs += read_saved(path)
         else:
-            runs += read_saved(path) if path.suffix == ".json" else [Run(path.name, validations(path, greedy))]
+            runs.append(Run(path.name, validations(path, greedy)))
     return runs
 
 

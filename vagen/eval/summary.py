@@ -128,8 +128,11 @@ def add_paired_changes(rows: Sequence[dict[str, Any]], records: Sequence[Sequenc
         by_seed = success_by_seed(cell)
         if not by_seed:
             continue
-        label, reference = first.setdefault(row["env"], (row["model"], by_seed))
-        if reference is by_seed or len(reference.keys() & by_seed.keys()) < 2:
+        if row["env"] not in first:  # the reference of its env
+            first[row["env"]] = (row["model"], by_seed)
+            continue
+        label, reference = first[row["env"]]
+        if len(reference.keys() & by_seed.keys()) < 2:
             continue
         mean, low, high, levels = paired_change(reference, by_seed)
         row.update(paired_change=mean, paired_low=low, paired_high=high, paired_levels=levels, paired_against=label)
