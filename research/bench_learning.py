@@ -114,6 +114,13 @@ ARMS = {
     # demonstration's reading (as gigpo_meannorm_reason)
     "gigpo_meannorm_freeze_vision_kl": [*FREEZE_VISION, "algorithm.kl_coef=0.05"],
     "gigpo_meannorm_freeze_vision_reason": [*FREEZE_VISION, "++env.kwargs.reasoning_coef=0.5"],
+    # the KL arm with the advantage on the answer's tokens only: the reward judges the moves, and the <think> reading
+    # gets no policy gradient (it learns only as the answer's context), so the reading RL's noise drifts is left alone
+    "gigpo_meannorm_freeze_vision_kl_answer": [
+        *FREEZE_VISION,
+        "algorithm.kl_coef=0.05",
+        "algorithm.advantage_tokens=answer",
+    ],
     # the KL arm's KL for a policy without a vision tower (the text games' tiny_text): the defaults held to the warm
     # start, whose <think> reading RL otherwise drifts
     "gigpo_meannorm_kl": [*MEANNORM, "algorithm.kl_coef=0.05"],

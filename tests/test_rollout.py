@@ -9,7 +9,16 @@ from PIL import Image
 from vagen.bootstrap.tiny import build_tiny_text_lm, build_tiny_vl, load_tiny_text_lm, load_tiny_vl
 from vagen.engines import Context, HFEngine, SamplingParams
 from vagen.env import make_env
-from vagen.rollout import DialogueFormatter, RolloutSpec, TokenBatch, collect_rollouts, trajectories_to_batch
+from vagen.rollout import (
+    DialogueFormatter,
+    RolloutSpec,
+    TokenBatch,
+    Trajectory,
+    Turn,
+    collect_rollouts,
+    reasoning_mask,
+    trajectories_to_batch,
+)
 from vagen.rollout.batch import FORWARD_OVERHEAD
 
 SAMPLING = SamplingParams(max_new_tokens=24, temperature=1.0, seed=7)
@@ -188,6 +197,30 @@ def test_a_turn_without_sampled_tokens_keeps_its_reward():
     assert batch.token_rewards[0].sum() == pytest.approx(trajectory.total_reward)
     assert batch.token_rewards[0, ids.index(5)] == pytest.approx(0.5 + 1.0 + 2.0)
     assert batch.token_rewards[0, ids.index(8)] == pytest.approx(-0.25)
+
+
+def test_reasoning_mask_marks_each_turn_through_the_token_that_closes_its_reasoning(tiny_vl):
+    """`algorithm.advantage_tokens=answer`'s mask: in each turn, its sampled tokens up to the one whose text completes
+    `</think>` (here `><`, which also opens `<answer>`), nothing of the template or prompts, and nothing of a turn that
+    never closes its reasoning (malformed output, or a `no_think` answer: all of it stays the answer's)."""
+    tokenizer = tiny_vl[1].tokenizer
+    responses = {  # response -> how many of its tokens are the reasoning, read off the token list by hand
+        "<think>box is left</think><answer>Left</answer>": 10,  # <|think|>|b|ox| is| left|</|think|><
+        "<answer>Up</answer>": 0,
+        "<think>never closed": 0,
+        "x</think>": 4,  # x|</|think|>
+    }
+    trajectory = Trajectory(group_id=0, seed=0, env_name="test")
+    for response in responses:
+        ids = tokenizer.encode(response, add_special_tokens=False)
+        trajectory.turns.append(
+            Turn(observation="", images=[], prompt_ids=[1, 2], response_ids=ids, response_logprobs=[0.0] * len(ids))
+        )
+    batch = trajectories_to_batch([trajectory], pad_token_id=0)
+    mask = reasoning_mask(batch.input_ids, batch.turn_ids, tokenizer.decode)
+    assert not mask[batch.response_mask == 0].any()
+    for (start, end), reasoning in zip(trajectory.response_spans(), responses.values(), strict=True):
+        assert mask[0, start:end].tolist() == [True] * reasoning + [False] * (end - start - reasoning)
 
 
 @pytest.mark.parametrize("with_image", [False, True], ids=["text", "image"])

@@ -11,6 +11,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from vagen.rollout import reasoning_mask
 from vagen.trainer import learner as learner_module
 from vagen.trainer import starpo
 from vagen.trainer.checkpoint import latest_checkpoint
@@ -606,6 +607,32 @@ def test_self_imitation_keeps_the_positive_part_of_the_same_advantages():
     expected = plain.learner.score(batch).advantages
     assert (expected < 0).any() and (expected > 0).any(), "the rollout should have mixed advantages"
     assert torch.equal(imitating.learner.score(batch).advantages, expected.clamp(min=0))
+
+
+def test_answer_tokens_keep_their_advantages_and_the_reasoning_gets_none():
+    """advantage_tokens=answer changes nothing but the reasoning's tokens: each turn's tokens through its `</think>`
+    (`reasoning_mask`) get 0, every other sampled token the plain estimator's advantage."""
+    overrides = [*TEXT, "algorithm=drgrpo", "trainer.groups=2", "trainer.group_size=4"]
+    plain, answer = (
+        StarPOTrainer(config(overrides)),
+        StarPOTrainer(config([*overrides, "algorithm.advantage_tokens=answer"])),
+    )
+    tokenizer = plain.learner.policy.tokenizer
+    batch = starpo.trajectories_to_batch(plain.rollout(), pad_token_id=tokenizer.pad_token_id or 0)
+    # The random test model never closes a reasoning: let each first turn's response open with one.
+    closed = torch.tensor(tokenizer.encode("<think>a</think>", add_special_tokens=False))
+    ids = batch.input_ids.clone()
+    for row in range(len(batch)):
+        first_turn = (batch.turn_ids[row] == 0).nonzero().flatten()
+        if len(first_turn) > len(closed):
+            ids[row, first_turn[: len(closed)]] = closed
+    rewards = torch.arange(8, dtype=torch.float32)[:, None] * batch.response_mask  # a different reward per rollout
+    batch = dataclasses.replace(batch, input_ids=ids, token_rewards=rewards)
+    expected = plain.learner.score(batch).advantages
+    reasoning = reasoning_mask(batch.input_ids, batch.turn_ids, tokenizer.decode)
+    answer_tokens = (batch.response_mask > 0) & ~reasoning
+    assert (expected[reasoning] != 0).any() and (expected[answer_tokens] != 0).any()
+    assert torch.equal(answer.learner.score(batch).advantages, expected.masked_fill(reasoning, 0.0))
 
 
 def test_select_slices_the_training_tensors_with_their_dialogues():

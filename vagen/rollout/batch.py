@@ -6,6 +6,7 @@ so the loss mask, rewards and advantages all sit on the position of the sampled 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -16,6 +17,8 @@ from vagen.rollout.trajectory import Trajectory
 # A forward and backward's fixed cost, in positions: tiny_vl's on one thread, a row of 32 tokens took 34 ms where each
 # further position cost 0.57 ms (so about 30 positions a pass; a micro-batch runs two, its prompts and its rests).
 FORWARD_OVERHEAD = 64
+# `algorithm.advantage_tokens`: every sampled token carries its turn's advantage, or the answer's (`reasoning_mask`)
+ADVANTAGE_TOKENS = ("all", "answer")
 
 
 @dataclass
@@ -166,3 +169,28 @@ def trajectories_to_batch(trajectories: list[Trajectory], pad_token_id: int) -> 
         images=[t.images for t in trajectories],
         turn_states=turn_states,
     )
+
+
+def reasoning_mask(
+    input_ids: torch.Tensor, turn_ids: torch.Tensor, decode: Callable[[list[int]], str], close: str = "</think>"
+) -> torch.Tensor:
+    """[B, T] bool: the sampled tokens of each turn up to and including the one whose text completes `close` (the
+    reasoning), False elsewhere. A turn whose sampled text never closes its reasoning has none marked: all of it
+    stays the answer's, malformed output included.
+
+    input_ids, turn_ids: a `TokenBatch`'s (turn index on sampled tokens, -1 elsewhere). decode: token ids -> text
+    (the policy's tokenizer). The token is found by bisection on the decoded prefixes, which only grow.
+    """
+    mask = torch.zeros(input_ids.shape, dtype=torch.bool)
+    for b in range(input_ids.shape[0]):
+        for turn in turn_ids[b][turn_ids[b] >= 0].unique().tolist():
+            positions = (turn_ids[b] == turn).nonzero().flatten()
+            ids = input_ids[b, positions].tolist()
+            if close not in decode(ids):
+                continue
+            low, high = 1, len(ids)  # the shortest prefix that holds `close` has `high` tokens
+            while low < high:
+                middle = (low + high) // 2
+                low, high = (low, middle) if close in decode(ids[:middle]) else (middle + 1, high)
+            mask[b, positions[:high]] = True
+    return mask

@@ -33,6 +33,7 @@ from vagen.filtering import EMPTY_POLICIES, FILTER_STRATEGIES, SPREAD_STATS
 from vagen.logging.sinks import WANDB_MODES
 from vagen.models.lora import require_peft
 from vagen.models.registry import MODALITIES, model_sources
+from vagen.rollout.batch import ADVANTAGE_TOKENS
 from vagen.rollout.context import DialogueFormatter
 from vagen.rollout.validation import EVAL_SEED_BASE
 from vagen.trainer.levels import LEVEL_SAMPLERS, SEED_STRIDE
@@ -167,6 +168,8 @@ OPTIONS: dict[str, Option] = {
     "algorithm.whiten_advantages": Option(bool, "", "normalise advantages over the batch's sampled tokens"),
     "algorithm.advantage_min": Option(float | None, "(-inf, 0]", "clamp advantages from below (0 = self-imitation); a "
                                       "positive floor would push up every sampled text, the worst ones included"),
+    "algorithm.advantage_tokens": Option(str, ADVANTAGE_TOKENS, "the sampled tokens that carry the advantage: all, or "
+                                         "only those after each turn's </think> (no policy gradient on the reasoning)"),
     "algorithm.clip_low": Option(float, "(0, 1)", "PPO ratio clip below: 1 - clip_low"),
     "algorithm.clip_high": Option(float, "(0, inf)", "PPO ratio clip above: 1 + clip_high"),
     "algorithm.dual_clip_c": Option(float | None, "(1, inf)", "dual clip for negative advantages (null = off)"),

@@ -68,6 +68,7 @@ from vagen.rollout import (
     TokenBatch,
     Trajectory,
     collect_rollouts,
+    reasoning_mask,
 )
 from vagen.rollout.move_probe import ProbeState, check_probeable, probe_states
 from vagen.rollout.validation import eval_seeds, validation_episodes
@@ -465,6 +466,10 @@ class Learner:
             # gains on pushed-up ones; with negatives dropped the update is a weighted SFT on its better-than-baseline
             # rollouts (for a group-relative estimator, those above their group's mean).
             advantages = advantages.clamp(min=algo.advantage_min)
+        if algo.advantage_tokens == "answer":
+            # The reward judges the answer: the reasoning learns only as the answer's context (and is held by the KL).
+            reasoning = reasoning_mask(batch.input_ids, batch.turn_ids, self.tokenizer.decode)
+            advantages = advantages.masked_fill(reasoning, 0.0)
         value_targets = returns if old_values is not None else None
         return replace(
             batch,
