@@ -611,7 +611,10 @@ def test_self_imitation_keeps_the_positive_part_of_the_same_advantages():
 
 def test_answer_tokens_keep_their_advantages_and_the_reasoning_gets_none():
     """advantage_tokens=answer changes nothing but the reasoning's tokens: each turn's tokens through its `</think>`
-    (`reasoning_mask`) get 0, every other sampled token the plain estimator's advantage."""
+    (`reasoning_mask`) get 0, every other sampled token the plain estimator's advantage. The update logs their share;
+    a response format without reasoning is refused."""
+    from vagen.trainer.config import validate_config
+
     overrides = [*TEXT, "algorithm=drgrpo", "trainer.groups=2", "trainer.group_size=4"]
     plain, answer = (
         StarPOTrainer(config(overrides)),
@@ -633,6 +636,11 @@ def test_answer_tokens_keep_their_advantages_and_the_reasoning_gets_none():
     answer_tokens = (batch.response_mask > 0) & ~reasoning
     assert (expected[reasoning] != 0).any() and (expected[answer_tokens] != 0).any()
     assert torch.equal(answer.learner.score(batch).advantages, expected.masked_fill(reasoning, 0.0))
+    share = answer.learner.update(batch, iteration=1).means()["rollout/reasoning_token_share"]
+    assert share == pytest.approx(float(reasoning.sum() / (batch.response_mask > 0).sum()))
+    no_reasoning = [*overrides, "algorithm.advantage_tokens=answer", "env.kwargs.response_format=no_think"]
+    with pytest.raises(ValueError, match="response_format=no_think writes none"):
+        validate_config(config(no_reasoning))
 
 
 def test_select_slices_the_training_tensors_with_their_dialogues():

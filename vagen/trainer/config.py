@@ -526,6 +526,12 @@ def _check_algorithm(cfg: Any) -> None:
             f"filter.strategy={filt.strategy} ranks groups by reward spread, which needs "
             "trainer.group_size >= 2 (or use filter=none)."
         )
+    if algo.advantage_tokens == "answer" and cfg.env.kwargs.get("response_format") == "no_think":
+        raise ValueError(
+            "algorithm.advantage_tokens=answer withholds the advantage from each turn's <think> text, but "
+            "env.kwargs.response_format=no_think writes none, so it would change nothing: use advantage_tokens=all, "
+            "or a response format with a <think> part (free_think)."
+        )
     # The strategy checks its own parameter (with its own fix in the message): ask it now, on a dummy group.
     FILTER_STRATEGIES.get(filt.strategy)(
         torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.bool), float(filt.value)

@@ -355,6 +355,8 @@ class Learner:
         stats.add("rollout", {"advantage_abs_mean": (batch.advantages.abs() * mask).sum() / mask.sum().clamp(min=1)})
         if self.cfg.algorithm.advantage == "gigpo":
             stats.add("rollout", anchor_group_stats(batch.turn_states, batch.turn_ids, mask))
+        if self.cfg.algorithm.advantage_tokens == "answer":  # the share of sampled tokens `score` gave no advantage
+            stats.add("rollout", {"reasoning_token_share": self.reasoning(batch).sum() / mask.sum().clamp(min=1)})
         if batch.old_values is not None:
             # Once per update, over the whole batch, from the values the advantages were built with.
             stats.add("critic", {"explained_variance": explained_variance(batch.old_values, batch.value_targets, mask)})
@@ -468,8 +470,7 @@ class Learner:
             advantages = advantages.clamp(min=algo.advantage_min)
         if algo.advantage_tokens == "answer":
             # The reward judges the answer: the reasoning learns only as the answer's context (and is held by the KL).
-            reasoning = reasoning_mask(batch.input_ids, batch.turn_ids, self.tokenizer.decode)
-            advantages = advantages.masked_fill(reasoning, 0.0)
+            advantages = advantages.masked_fill(self.reasoning(batch), 0.0)
         value_targets = returns if old_values is not None else None
         return replace(
             batch,
@@ -479,6 +480,10 @@ class Learner:
             advantages=advantages,
             value_targets=value_targets,
         )
+
+    def reasoning(self, batch: TokenBatch) -> torch.Tensor:
+        """[B, T] bool: each turn's sampled tokens through its `</think>` (`algorithm.advantage_tokens=answer`)."""
+        return reasoning_mask(batch.input_ids, batch.turn_ids, self.tokenizer.decode)
 
     def _every_replica(self, flag: bool) -> bool:
         """Whether `flag` holds on every data-parallel replica: a choice that changes which collectives run must be
