@@ -34,6 +34,7 @@ EDGES = {
     "forward": {"algos", "models", "rollout"},  # teacher-forced log-probs of a TokenBatch: the update's and SFT's
     "trainer": {
         "algos",
+        "bootstrap",  # algorithm.sft_coef trains on the warm starts' solver demonstrations, with their SFT loss
         "diagnostics",
         "engines",
         "env",

@@ -186,6 +186,7 @@ def test_resume_is_exact(tmp_path):
         ([*TEXT, "algorithm.advantage_min=0.5"], "algorithm.advantage_min=0.5 must be a number <= 0"),
         ([*TEXT, "trainer.level_pool=1"], "trainer.level_pool=1 must be 0 .* from trainer.groups=2"),
         ([*TEXT, "trainer.level_pool=-2"], "trainer.level_pool=-2"),
+        ([*TEXT, "algorithm.sft_coef=1"], "sft_coef=1 trains on solver demonstrations of env=bandit_text.*sft_coef=0"),
     ],
 )
 def test_incompatible_configs_fail_before_any_model_loads(overrides, message, monkeypatch):
@@ -641,6 +642,56 @@ def test_answer_tokens_keep_their_advantages_and_the_reasoning_gets_none():
     no_reasoning = [*overrides, "algorithm.advantage_tokens=answer", "env.kwargs.response_format=no_think"]
     with pytest.raises(ValueError, match="response_format=no_think writes none"):
         validate_config(config(no_reasoning))
+
+
+def test_the_demonstration_loss_adds_its_weighted_gradient_to_each_step(monkeypatch):
+    """algorithm.sft_coef=c adds to every optimizer step c times the gradient of the mean log-loss of sft_batch_size
+    demonstrations, drawn from the noisy solver's play of levels 0..sft_episodes-1 (as scripts/sft.py plays them), and
+    logs that loss; a replica's rows of it add up to the whole."""
+    from vagen.bootstrap.demos import demonstrations, sft_batch
+    from vagen.bootstrap.warmstart import WarmStartRecipe, backward_sft_batch, sft_loss
+    from vagen.engines.base import derive_seed
+
+    grads = record_step_gradients(monkeypatch)
+    overrides = [*GRID_TEXT, "trainer.groups=2", "trainer.group_size=4", "algorithm.sft_episodes=6"]
+    plain = StarPOTrainer(config(overrides))
+    mixed = StarPOTrainer(config([*overrides, "algorithm.sft_coef=2.5", "algorithm.sft_batch_size=3"]))
+    learner = mixed.learner
+    assert plain.learner.demos == [] and [demo.trajectory.seed for demo in learner.demos] == list(range(6))
+    expected_demos = demonstrations(learner._make_env, learner.formatter, range(6), WarmStartRecipe.noise_eps, 0)
+    assert [d.trajectory.turns[0].response_ids for d in learner.demos] == [
+        d.trajectory.turns[0].response_ids for d in expected_demos
+    ]
+    batch = starpo.trajectories_to_batch(plain.rollout(), pad_token_id=learner.policy.tokenizer.pad_token_id or 0)
+    plain.learner.update(batch, iteration=3)
+    stats = learner.update(batch, iteration=3).means()
+    steps = len(grads) // 2
+    assert steps == 2 and len(grads) == 4
+    draws = torch.Generator().manual_seed(derive_seed(0, 3, learner_module.DEMO_STREAM))
+    losses = []
+    for step in range(steps):
+        picks = torch.randperm(6, generator=draws)[:3].tolist()
+        demo_batch = sft_batch([learner.demos[i] for i in picks], learner.tokenizer.pad_token_id)
+        learner.model.zero_grad(set_to_none=True)
+        loss = sft_loss(learner.model, demo_batch, learner.policy.processor)
+        loss.backward()
+        losses.append(float(loss.detach()))
+        for name, p in learner.model.named_parameters():
+            added = grads[steps + step][f"policy.{name}"] - grads[step][f"policy.{name}"]
+            torch.testing.assert_close(added, 2.5 * p.grad, atol=1e-6, rtol=1e-4, msg=name)
+    assert stats["loss/sft"] == pytest.approx(sum(losses) / steps, rel=1e-5)
+    assert "loss/sft" not in plain.learner.update(batch, iteration=3).means()
+
+    # Two replicas' rows of the demonstration batch (backward_sft_batch's rows) accumulate the whole batch's gradient.
+    def gradient(rows_list):
+        learner.model.zero_grad(set_to_none=True)
+        for rows in rows_list:
+            backward_sft_batch(learner.model, demo_batch, learner.policy.processor, 2, False, 2.5, rows)
+        return [p.grad.clone() for p in learner.model.parameters()]
+
+    whole, halves = gradient([torch.arange(3)]), gradient([torch.tensor([0, 2]), torch.tensor([1])])
+    for want, got in zip(whole, halves, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
 
 
 def test_select_slices_the_training_tensors_with_their_dialogues():

@@ -1,7 +1,7 @@
 """Scale-out on a real local Ray cluster: 2 CPU workers on the tiny models against the single process.
 
 One Ray session for the module (starting Ray costs seconds). The algorithm is PPO, so every replica also holds
-a critic and a KL reference.
+a critic and a KL reference, and each step adds a demonstration loss (`algorithm.sft_coef`).
 """
 
 import os
@@ -38,6 +38,9 @@ RUN = [
     "trainer.eval_every=0",
     "trainer.eval_episodes=3",  # validation is called directly below, split 2 + 1 between the workers
     "diagnostics.compute_freq=1",
+    "algorithm.sft_coef=0.5",  # a demonstration loss too: 3 dialogues per step, split 2 + 1 between the workers
+    "algorithm.sft_batch_size=3",
+    "algorithm.sft_episodes=4",
 ]
 
 
@@ -100,7 +103,7 @@ def test_two_workers_play_and_train_as_one_process(ray_cluster, single_run, tmp_
         for iteration in range(2):
             metrics = trainer.train_iteration()
             assert_same_trajectories(trainer.last_trajectories, trajectories[iteration])
-        logged = {"mi/first_turn/num_prompts", "critic/explained_variance", "loss/kl", "policy/update_norm"}
+        logged = {"mi/first_turn/num_prompts", "critic/explained_variance", "loss/kl", "loss/sft", "policy/update_norm"}
         assert logged <= metrics.keys()
         assert_same_parameters(trainer.learner.worker_parameters(0), parameters[1])
         assert_same_parameters(trainer.learner.worker_parameters(1), trainer.learner.worker_parameters(0), atol=0)

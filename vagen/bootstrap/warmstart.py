@@ -218,22 +218,32 @@ def sft_loss(model: torch.nn.Module, batch: TokenBatch, processor: Any) -> torch
 
 
 def backward_sft_batch(
-    model: torch.nn.Module, batch: TokenBatch, processor: Any, micro_batch_size: int | None, bf16: bool
+    model: torch.nn.Module,
+    batch: TokenBatch,
+    processor: Any,
+    micro_batch_size: int | None,
+    bf16: bool,
+    weight: float = 1.0,
+    rows: torch.Tensor | None = None,
 ) -> float:
-    """Backpropagate `sft_loss(batch)` in length-sorted micro-batches of at most `micro_batch_size` dialogues, each
-    weighted by its share of the batch's tokens (`aggregation_share`, as the RL update accumulates), so the
-    accumulated gradient is the whole batch's; returns the loss.
+    """Backpropagate `weight · sft_loss(batch)` in length-sorted micro-batches of at most `micro_batch_size`
+    dialogues, each weighted by its share of the batch's tokens (`aggregation_share`, as the RL update accumulates),
+    so the accumulated gradient is the whole batch's; returns the (unweighted) loss.
+
+    `rows` (default: all) backpropagates only those rows' shares of it: a data-parallel replica's part, which the
+    replicas' summed gradients complete.
 
     Micro-batches bound the activation memory: SmolLM2-135M on 16 Sokoban dialogues (~750 tokens) needs more than
     24 GB in one pass, 4 dialogues a quarter of it."""
     device = next(model.parameters()).device
+    rows = torch.arange(len(batch)) if rows is None else rows
     total = 0.0
-    for rows in batch.micro_batches(torch.arange(len(batch)), micro_batch_size or len(batch)):
-        part = batch.select(rows)
+    for micro in batch.micro_batches(rows, micro_batch_size or len(batch)):
+        part = batch.select(micro)
         with _autocast(bf16, device):
             loss = sft_loss(model, part, processor)
         share = aggregation_share(part.response_mask, batch.response_mask, "token-mean")
-        (loss * share).backward()
+        (loss * share * weight).backward()
         total += float(loss.detach() * share)
     return total
 

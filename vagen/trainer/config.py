@@ -170,6 +170,10 @@ OPTIONS: dict[str, Option] = {
                                       "positive floor would push up every sampled text, the worst ones included"),
     "algorithm.advantage_tokens": Option(str, ADVANTAGE_TOKENS, "the sampled tokens that carry the advantage: all, or "
                                          "only those after each turn's </think> (no policy gradient on the reasoning)"),
+    "algorithm.sft_coef": Option(float, "[0, inf)", "weight of a supervised loss on the game's solver "
+                                 "demonstrations, added to every optimizer step (0 = off)"),
+    "algorithm.sft_batch_size": Option(int, "[1, inf)", "demonstration dialogues per optimizer step"),
+    "algorithm.sft_episodes": Option(int, "[1, inf)", "demonstrations played when the run starts (levels 0..N-1)"),
     "algorithm.clip_low": Option(float, "(0, 1)", "PPO ratio clip below: 1 - clip_low"),
     "algorithm.clip_high": Option(float, "(0, inf)", "PPO ratio clip above: 1 + clip_high"),
     "algorithm.dual_clip_c": Option(float | None, "(1, inf)", "dual clip for negative advantages (null = off)"),
@@ -775,6 +779,25 @@ def validate_config(cfg: Any) -> None:
     check_model_reads_env(cfg)
     check_environment(cfg)
     check_env(cfg)
+    if cfg.algorithm.sft_coef > 0:
+        check_demonstrable(cfg)
+
+
+def check_demonstrable(cfg: Any) -> None:
+    """`algorithm.sft_coef` > 0 trains on the game's solver demonstrations: refuse a game without a solver or without
+    demonstration reasoning, before any model loads."""
+    env = make_env(cfg.env.id, **cfg.env.kwargs)
+    env.reset(seed=cfg.seed)
+    try:
+        env.unwrapped.solver_actions()
+        env.unwrapped.demo_reasoning()
+    except NotImplementedError as error:
+        raise ValueError(
+            f"algorithm.sft_coef={cfg.algorithm.sft_coef} trains on solver demonstrations of env={cfg.env.name}, but "
+            f"{error} Set algorithm.sft_coef=0, or implement solver_actions() and demo_reasoning() for the game."
+        ) from None
+    finally:
+        env.close()
 
 
 def warn_without_state_key(cfg: Any) -> bool:

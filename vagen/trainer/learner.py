@@ -7,7 +7,8 @@ their optimizers and the rollout engine, and nothing of the loop. Its public API
     move_probe()                        the first-move probe on the held-out starts
     cross_score(job) / image_probe(job) the model's side of the MI diagnostics
     score(batch)                        old and reference log-probs, old values, advantages
-    update(batch, iteration)            one StarPO update, in paper order, timing its own phases
+    update(batch, iteration)            one StarPO update, in paper order, timing its own phases (with a supervised
+                                        loss on solver demonstrations where `algorithm.sft_coef` > 0)
     gradient(batch, rows)               the policy gradient of `rows` alone (the gradient-noise study)
     sync()                              scheduler step, and the rollout engine samples from the new weights
     save(...) / restore(...)            checkpoints in the single-process format
@@ -51,6 +52,8 @@ from vagen.algos.losses import (
     policy_loss,
     value_loss,
 )
+from vagen.bootstrap.demos import Demo, demonstrations, sft_batch
+from vagen.bootstrap.warmstart import WarmStartRecipe, backward_sft_batch
 from vagen.diagnostics.move_preference import move_preferences, probe_summary
 from vagen.diagnostics.scoring import ScoringJob, cross_scores, image_probe
 from vagen.engines import EngineSource, SamplingParams, build_engine
@@ -77,7 +80,7 @@ from vagen.trainer.config import check_prompt_fits, lr_decay_end, lr_decay_start
 from vagen.trainer.data_parallel import DataParallel
 from vagen.trainer.memory_plan import plan_run
 
-SAMPLING_STREAM, SHUFFLE_STREAM = 0, 1  # derive_seed(run seed, iteration, stream): one seed per use
+SAMPLING_STREAM, SHUFFLE_STREAM, DEMO_STREAM = 0, 1, 2  # derive_seed(run seed, iteration, stream): one seed per use
 
 
 def seed_everything(seed: int) -> None:
@@ -210,6 +213,7 @@ class Learner:
         self.optimizers, self.schedulers = self._optimizers()
         self.probe_states: list[ProbeState] | None = None  # the first-move probe's held-out starts, built once
         self.old_logprobs_from_rollout = old_logprobs_from_rollout(cfg)
+        self.demos = self._demonstrations()
 
     # ---- construction --------------------------------------------------------------------
     def _optimizers(self) -> tuple[dict, dict]:
@@ -235,6 +239,17 @@ class Learner:
             )
         schedulers = {name: torch.optim.lr_scheduler.LambdaLR(opt, factor) for name, opt in optimizers.items()}
         return optimizers, schedulers
+
+    def _demonstrations(self) -> list[Demo]:
+        """The solver demonstrations that `algorithm.sft_coef` trains on (none when it is 0): the game's noisy solver,
+        noise as the warm starts' recipe, on levels 0..`sft_episodes`-1, the same on every replica and every resume."""
+        algo = self.cfg.algorithm
+        if algo.sft_coef == 0:
+            return []
+        noise = WarmStartRecipe.noise_eps
+        return demonstrations(
+            self._make_env, self.formatter, range(algo.sft_episodes), noise, self.cfg.seed, self.cfg.env.name
+        )
 
     def reference_scope(self) -> Any:
         """Where `self.reference` computes the reference policy: adapters off when it is the LoRA policy itself."""
@@ -335,6 +350,7 @@ class Learner:
         # 14 s of a 20 s update on an H100 (benchmarks/bench_gpu.py); the memory plan counts it ("snapshot").
         before = [p.detach().clone() for p in self.trainable_parameters()]
         shuffle = torch.Generator().manual_seed(derive_seed(self.cfg.seed, iteration, SHUFFLE_STREAM))
+        demo_draws = torch.Generator().manual_seed(derive_seed(self.cfg.seed, iteration, DEMO_STREAM))
         first_order = torch.randperm(len(batch), generator=shuffle)
         # The first mini-batch is trained on before any weight changes: its old log-probs are exactly the new ones of
         # its own forward (detached), so their separate no-grad pass is skipped (`trainer.reuse_first_forward`).
@@ -378,6 +394,8 @@ class Learner:
                             own = logprobs[fresh[micro].to(logprobs.device)].float().cpu()
                             batch.old_logprobs[rows, : logprobs.shape[1]] = own
                     fresh[:] = False
+                    if self.demos:
+                        self.backward_demos(stats, demo_draws)
                     self.step(stats, iteration)  # 4
         self._synchronize()
         stats.add("perf", {"train_s": time.perf_counter() - start})
@@ -543,6 +561,18 @@ class Learner:
             v_metrics.pop("explained_variance")  # logged once per update, over the whole batch
             stats.add("critic", v_metrics)
         return logprobs.detach()
+
+    def backward_demos(self, stats: UpdateStats, draws: torch.Generator) -> None:
+        """Forward and backward of `algorithm.sft_coef` times the mean log-loss of `sft_batch_size` demonstrations
+        drawn by `draws` (this replica's rows of them), onto the mini-batch's policy gradient; logs `loss/sft`."""
+        algo = self.cfg.algorithm
+        picks = torch.randperm(len(self.demos), generator=draws)[: algo.sft_batch_size].tolist()
+        batch = sft_batch([self.demos[i] for i in picks], self.tokenizer.pad_token_id)
+        rows = self.data_parallel.share(torch.arange(len(batch)))
+        loss = backward_sft_batch(
+            self.model, batch, self.policy.processor, self.micro_batch_size, self.cfg.trainer.bf16, algo.sft_coef, rows
+        )
+        stats.add("loss", {"sft": self.data_parallel.sum_(torch.tensor([loss]))[0]})
 
     def step(self, stats: UpdateStats, iteration: int) -> None:
         """Sum the replicas' gradients, clip them, and step every optimizer; a non-finite loss or gradient norm stops
