@@ -121,9 +121,8 @@ ARMS = {
         "algorithm.kl_coef=0.05",
         "algorithm.advantage_tokens=answer",
     ],
-    # the vision-fixed arm held to what the warm start learned by its own supervised loss instead of a KL: each step
-    # adds the mean log-loss of 16 solver demonstrations (algorithm.sft_coef, PPO-ptx), so RL's noise cannot drift the
-    # <think> reading away from the demonstrations', and the SFT that tiny_vl stopped short of goes on
+    # the vision-fixed arm held to the demonstrations by their own supervised loss instead of a KL to the warm start:
+    # each step adds the mean log-loss of 16 solver demonstrations (algorithm.sft_coef, PPO-ptx)
     "gigpo_meannorm_freeze_vision_sft": [*FREEZE_VISION, "algorithm.sft_coef=1"],
     # the KL arm's KL for a policy without a vision tower (the text games' tiny_text): the defaults held to the warm
     # start, whose <think> reading RL otherwise drifts
