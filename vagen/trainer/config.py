@@ -643,7 +643,8 @@ def check_environment(cfg: Any) -> None:
 def check_env(cfg: Any) -> None:
     """Build the env of `cfg` (its constructor refuses what is specific to the game, and sizes that cannot fit in
     memory), check that a batch of its images fits (`check_batch_memory`) before the first is drawn, then reset it
-    once."""
+    once; and that the game has the solver the frontier sampler needs, and the solver and demonstration reasoning that
+    `algorithm.sft_coef` trains on."""
     env_cfg = cfg.env
     kwargs = OmegaConf.to_container(env_cfg.kwargs, resolve=True)
     try:
@@ -674,6 +675,15 @@ def check_env(cfg: Any) -> None:
         raise ValueError(
             f"trainer.level_sampler=frontier sorts levels by the solver's distance, and env={env_cfg.name} has no "
             "solver (solver_actions). Use trainer.level_sampler=plr or fresh for this game."
+        )
+    game = env.unwrapped
+    lacking = [name for name, has in (("solver_actions", game.supports_solver),
+                                      ("demo_reasoning", game.supports_demo_reasoning)) if not has]  # fmt: skip
+    if cfg.algorithm.sft_coef > 0 and lacking:
+        raise ValueError(
+            f"algorithm.sft_coef={cfg.algorithm.sft_coef} trains on solver demonstrations of env={env_cfg.name}, but "
+            f"{type(game).__name__} has no {' and no '.join(lacking)}(). Set algorithm.sft_coef=0, or implement "
+            "solver_actions() and demo_reasoning() for the game."
         )
     env.close()
 
@@ -779,25 +789,6 @@ def validate_config(cfg: Any) -> None:
     check_model_reads_env(cfg)
     check_environment(cfg)
     check_env(cfg)
-    if cfg.algorithm.sft_coef > 0:
-        check_demonstrable(cfg)
-
-
-def check_demonstrable(cfg: Any) -> None:
-    """`algorithm.sft_coef` > 0 trains on the game's solver demonstrations: refuse a game without a solver or without
-    demonstration reasoning, before any model loads."""
-    env = make_env(cfg.env.id, **cfg.env.kwargs)
-    env.reset(seed=cfg.seed)
-    try:
-        env.unwrapped.solver_actions()
-        env.unwrapped.demo_reasoning()
-    except NotImplementedError as error:
-        raise ValueError(
-            f"algorithm.sft_coef={cfg.algorithm.sft_coef} trains on solver demonstrations of env={cfg.env.name}, but "
-            f"{error} Set algorithm.sft_coef=0, or implement solver_actions() and demo_reasoning() for the game."
-        ) from None
-    finally:
-        env.close()
 
 
 def warn_without_state_key(cfg: Any) -> bool:
