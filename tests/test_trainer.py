@@ -647,7 +647,7 @@ def test_answer_tokens_keep_their_advantages_and_the_reasoning_gets_none():
 def test_the_demonstration_loss_adds_its_weighted_gradient_to_each_step(monkeypatch):
     """algorithm.sft_coef=c adds to every optimizer step c times the gradient of the mean log-loss of sft_batch_size
     demonstrations, drawn from the noisy solver's play of levels 0..sft_episodes-1 (as scripts/sft.py plays them), and
-    logs that loss; a replica's rows of it add up to the whole."""
+    logs that loss; a replica's rows of it add up to the whole; a run whose levels leave no demonstration is refused."""
     from vagen.bootstrap.demos import demonstrations, sft_batch
     from vagen.bootstrap.warmstart import WarmStartRecipe, backward_sft_batch, sft_loss
     from vagen.engines.base import derive_seed
@@ -692,6 +692,11 @@ def test_the_demonstration_loss_adds_its_weighted_gradient_to_each_step(monkeypa
     whole, halves = gradient([torch.arange(3)]), gradient([torch.tensor([0, 2]), torch.tensor([1])])
     for want, got in zip(whole, halves, strict=True):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+    # Run seed 3's noise makes level 0's only demonstration all noise: no loss to add, which is said, not skipped.
+    nothing = r"levels 0\.\.0 left no demonstration to train on; raise algorithm\.sft_episodes"
+    with pytest.raises(ValueError, match=nothing):
+        StarPOTrainer(config([*overrides, "seed=3", "algorithm.sft_coef=1", "algorithm.sft_episodes=1"]))
 
 
 def test_select_slices_the_training_tensors_with_their_dialogues():

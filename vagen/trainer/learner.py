@@ -247,9 +247,15 @@ class Learner:
         if algo.sft_coef == 0:
             return []
         noise = WarmStartRecipe.noise_eps
-        return demonstrations(
+        demos = demonstrations(
             self._make_env, self.formatter, range(algo.sft_episodes), noise, self.cfg.seed, self.cfg.env.name
         )
+        if not demos:  # every level's play was noise from its first turn on, or unsolvable
+            raise ValueError(
+                f"algorithm.sft_coef={algo.sft_coef}: the solver's play of levels 0..{algo.sft_episodes - 1} left no "
+                "demonstration to train on; raise algorithm.sft_episodes."
+            )
+        return demos
 
     def reference_scope(self) -> Any:
         """Where `self.reference` computes the reference policy: adapters off when it is the LoRA policy itself."""
