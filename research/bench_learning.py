@@ -39,6 +39,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
+import vagen
 from vagen.cli import script_options
 from vagen.eval import CellStore, change_text, evaluate, paired_change, success_by_seed
 from vagen.eval.runner import episode_seeds
@@ -485,7 +486,19 @@ def paired_summary(
     return "\n".join(lines)
 
 
+def check_checkout() -> None:
+    """The runs (`scripts/train.py` of this checkout) and the paired replays must train and play with this checkout's
+    vagen. Run from a git worktree, Python finds the editable install instead (another checkout's code) unless told."""
+    imported = Path(vagen.__file__).resolve().parent.parent
+    if imported != ROOT:
+        raise SystemExit(
+            f"This checkout ({ROOT}) would train with the vagen of {imported} (the editable install). "
+            f"Run it as `PYTHONPATH={ROOT} python research/bench_learning.py ...`."
+        )
+
+
 def main(argv: list[str]) -> None:
+    check_checkout()
     options, overrides = script_options(argv, DEFAULTS)
     arms = options.arms.split(",")
     unknown = [arm for arm in arms if arm not in ARMS]

@@ -359,6 +359,18 @@ def test_bench_learning_trains_with_the_default_configs():
         assert_same_training(config(["~tuned", *bench.ARMS[arm], "seed=1"]), config(overrides))
 
 
+def test_bench_learning_refuses_to_train_with_another_checkouts_code(monkeypatch, tmp_path):
+    """Run from a git worktree, `research/bench_learning.py` would import the editable install's vagen (main's code)
+    in its runs and paired replays: it stops first and names PYTHONPATH."""
+
+    bench = bench_learning()
+    bench.check_checkout()  # this checkout is the one installed
+    monkeypatch.setattr(bench, "ROOT", tmp_path / "worktree")
+    with pytest.raises(SystemExit, match=f"PYTHONPATH={tmp_path / 'worktree'} python research/bench_learning.py"):
+        bench.main(["arms=grpo", f"out={tmp_path / 'out'}"])
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     "env, arm", [("sokoban_visual", "gigpo_meannorm_freeze_vision_kl"), ("frozenlake_visual", "gigpo_meannorm_anneal")]
 )
