@@ -457,9 +457,10 @@ def paired_summary(
     base_row, *run_rows = evaluate(cfg, ROOT / "configs").rows
     before = cell_success(cfg, base_row["model"])
     plays = "greedy decoding, once each" if greedy else f"{samples} samples each"
+    start = cfg.model_overrides.get("path") or base_row["model"]  # a model.path start is not its config's model
     lines = [
         f"Paired re-measurement: {seeds} held-out seeds x {plays}, warm start "
-        f"{base_row['success']:.1%} ({base_row['model']}, `{out_dir}`).",
+        f"{base_row['success']:.1%} ({start}, `{out_dir}`).",
         "",
         "| arm | seed | after | paired change [95% CI] |",
         "|---|---|---|---|",

@@ -486,6 +486,7 @@ def test_bench_learning_pairs_each_run_with_the_warm_start_by_level(tmp_path):
 
     check(out, table, samples=2, temperature=0.5)
     assert "3 held-out seeds x 2 samples each" in table
+    assert "(tiny_vl_test, `" in table  # the start's model name, or its model.path where the runs started from one
     # paired_greedy: the same pairing with each side played once per seed, greedily
     greedy = bench.paired_summary(runs, samples=2, seeds=3, out_dir=tmp_path / "greedy", greedy=True)
     check(tmp_path / "greedy", greedy, samples=1, temperature=0.0)
