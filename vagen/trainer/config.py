@@ -671,14 +671,17 @@ def check_env(cfg: Any) -> None:
     drawn = max((image.width * image.height for image in observation.images), default=0)
     if drawn > planned:
         check_batch_memory(cfg, drawn)
-    if cfg.trainer.level_sampler == "frontier" and not env.unwrapped.supports_solver:
+    game = env.unwrapped
+    if cfg.trainer.level_sampler == "frontier" and not game.supports_solver:
         raise ValueError(
             f"trainer.level_sampler=frontier sorts levels by the solver's distance, and env={env_cfg.name} has no "
             "solver (solver_actions). Use trainer.level_sampler=plr or fresh for this game."
         )
-    game = env.unwrapped
-    lacking = [name for name, has in (("solver_actions", game.supports_solver),
-                                      ("demo_reasoning", game.supports_demo_reasoning)) if not has]  # fmt: skip
+    lacking = [
+        name
+        for name, has in (("solver_actions", game.supports_solver), ("demo_reasoning", game.supports_demo_reasoning))
+        if not has
+    ]
     if cfg.algorithm.sft_coef > 0 and lacking:
         raise ValueError(
             f"algorithm.sft_coef={cfg.algorithm.sft_coef} trains on solver demonstrations of env={env_cfg.name}, but "
