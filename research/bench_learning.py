@@ -125,6 +125,9 @@ ARMS = {
     # the vision-fixed arm held to the demonstrations by their own supervised loss instead of a KL to the warm start:
     # each step adds the mean log-loss of 16 solver demonstrations (algorithm.sft_coef, PPO-ptx)
     "gigpo_meannorm_freeze_vision_sft": [*FREEZE_VISION, "algorithm.sft_coef=1"],
+    # the same loss on the solver's turn at the states the iteration's own rollouts reached, after their own dialogue
+    # (algorithm.sft_source=visited, DAgger's labels) instead of the demonstrations' states
+    "gigpo_meannorm_freeze_vision_dagger": [*FREEZE_VISION, "algorithm.sft_coef=1", "algorithm.sft_source=visited"],
     # the KL arm's KL for a policy without a vision tower (the text games' tiny_text): the defaults held to the warm
     # start, whose <think> reading RL otherwise drifts
     "gigpo_meannorm_kl": [*MEANNORM, "algorithm.kl_coef=0.05"],

@@ -187,6 +187,11 @@ def test_resume_is_exact(tmp_path):
         ([*TEXT, "trainer.level_pool=1"], "trainer.level_pool=1 must be 0 .* from trainer.groups=2"),
         ([*TEXT, "trainer.level_pool=-2"], "trainer.level_pool=-2"),
         ([*TEXT, "algorithm.sft_coef=1"], "sft_coef=1 trains on solver demonstrations of env=bandit_text.*sft_coef=0"),
+        ([*TEXT, "algorithm.sft_source=visited"], "sft_source=visited says .* but algorithm.sft_coef=0 turns"),
+        (
+            ["env=cards_text", "model=tiny_text_test", *FAST, "algorithm.sft_coef=1", "algorithm.sft_source=visited"],
+            "sft_source=visited replays .* by state_key\\(\\), which CardsEnv does not give",
+        ),
     ],
 )
 def test_incompatible_configs_fail_before_any_model_loads(overrides, message, monkeypatch):
@@ -697,6 +702,61 @@ def test_the_demonstration_loss_adds_its_weighted_gradient_to_each_step(monkeypa
     nothing = r"levels 0\.\.0 left no demonstration to train on; raise algorithm\.sft_episodes"
     with pytest.raises(ValueError, match=nothing):
         StarPOTrainer(config([*overrides, "seed=3", "algorithm.sft_coef=1", "algorithm.sft_episodes=1"]))
+
+
+def test_visited_states_are_labelled_by_the_solver_after_the_policys_own_dialogue(monkeypatch):
+    """algorithm.sft_source=visited: each turn of the iteration's rollouts whose state the solver can still solve
+    becomes a demonstration: the policy's own earlier turns as context (out of the loss), then the solver's turn for the
+    prompt the policy saw there; a replay that leaves the recorded states labels nothing after. The update's
+    demonstration loss is drawn from those labels (and the run plays no demonstrations when it starts)."""
+    from vagen.bootstrap.demos import demo_response, sft_batch, visited_demos
+    from vagen.bootstrap.warmstart import sft_loss
+    from vagen.engines.base import derive_seed
+
+    overrides = [*GRID_TEXT, "trainer.groups=2", "trainer.group_size=4", "env.kwargs.max_turns=3"]
+    trainer = StarPOTrainer(config([*overrides, "algorithm.sft_coef=1", "algorithm.sft_source=visited"]))
+    learner = trainer.learner
+    assert learner.demos == []
+    trajectories = trainer.rollout()
+    demos = visited_demos(learner._make_env, learner.formatter, trajectories)
+
+    expected, env = [], learner._make_env()  # by hand: replay each episode, ask the solver at every turn
+    for trajectory in trajectories:
+        env.reset(seed=trajectory.seed)
+        for index, turn in enumerate(trajectory.turns):
+            assert env.unwrapped.state_key() == turn.state_key  # a text grid game replays exactly
+            plan = env.unwrapped.solver_actions()
+            if plan:
+                expected.append((trajectory, index, demo_response(env, plan[: env.unwrapped.max_actions_per_turn])))
+            env.step(turn.response_text)
+    assert len(demos) == len(expected) > len(trajectories)  # later turns are labelled too
+    for demo, (trajectory, index, text) in zip(demos, expected, strict=True):
+        turns = demo.trajectory.turns
+        assert turns[:index] == trajectory.turns[:index] and demo.noisy_turns == [True] * index + [False]
+        assert turns[-1].response_text == text and turns[-1].prompt_ids == trajectory.turns[index].prompt_ids
+        batch = sft_batch([demo], learner.tokenizer.pad_token_id)
+        start, end = demo.trajectory.response_spans()[-1]
+        assert batch.response_mask[0].nonzero().flatten().tolist() == list(range(start, end))  # only the label
+
+    # A replay that leaves the recorded states (here: a recorded key changed) labels no turn from there on.
+    first = trajectories[0]
+    assert len(first.turns) >= 2
+    moved = dataclasses.replace(first, turns=[first.turns[0], dataclasses.replace(first.turns[1], state_key="x")])
+    labelled_first = [1] if any(t is first and index == 0 for t, index, _ in expected) else []
+    relabelled = visited_demos(learner._make_env, learner.formatter, [moved])
+    assert [len(demo.trajectory.turns) for demo in relabelled] == labelled_first
+
+    # The update draws its demonstration batches from these labels, as from the solver's demonstrations.
+    grads = record_step_gradients(monkeypatch)  # steps record instead of stepping: every draw sees the same weights
+    batch = starpo.trajectories_to_batch(trajectories, pad_token_id=learner.tokenizer.pad_token_id or 0)
+    loss = learner.update(batch, iteration=3, visited=trajectories).means()["loss/sft"]
+    draws = torch.Generator().manual_seed(derive_seed(0, 3, learner_module.DEMO_STREAM))
+    losses = []
+    for _ in grads:
+        picks = torch.randperm(len(demos), generator=draws)[: learner.cfg.algorithm.sft_batch_size].tolist()
+        demo_batch = sft_batch([demos[i] for i in picks], learner.tokenizer.pad_token_id)
+        losses.append(float(sft_loss(learner.model, demo_batch, learner.policy.processor).detach()))
+    assert len(grads) >= 1 and loss == pytest.approx(sum(losses) / len(losses), rel=1e-5)
 
 
 def test_select_slices_the_training_tensors_with_their_dialogues():

@@ -1,7 +1,8 @@
 """Scale-out on a real local Ray cluster: 2 CPU workers on the tiny models against the single process.
 
 One Ray session for the module (starting Ray costs seconds). The algorithm is PPO, so every replica also holds
-a critic and a KL reference, and each step adds a demonstration loss (`algorithm.sft_coef`).
+a critic and a KL reference, and each step adds a demonstration loss (`algorithm.sft_coef`) on the solver's labels of
+the states the iteration's rollouts visited (`algorithm.sft_source=visited`: the trajectories travel to every replica).
 """
 
 import os
@@ -40,7 +41,7 @@ RUN = [
     "diagnostics.compute_freq=1",
     "algorithm.sft_coef=0.5",  # a demonstration loss too: 3 dialogues per step, split 2 + 1 between the workers
     "algorithm.sft_batch_size=3",
-    "algorithm.sft_episodes=4",
+    "algorithm.sft_source=visited",
 ]
 
 

@@ -10,12 +10,15 @@ a turn plays random actions instead; that turn stays in the dialogue as context 
 consequence) but is masked out of the loss, and the solver replans from the new state on the next
 turn, which is what the model learns to imitate. (`imitate_noise` keeps the random turns in the loss instead:
 a suboptimal demonstrator, whose model sees the board well but acts badly.)
+
+`visited_demos` labels the states a policy's own episodes reached instead (DAgger): the solver's turn after the
+policy's own dialogue up to there (`algorithm.sft_source=visited`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import gymnasium
 import numpy as np
@@ -23,6 +26,8 @@ import numpy as np
 from vagen.env.policies import described_response
 from vagen.rollout import DialogueFormatter, Trajectory, Turn, trajectories_to_batch
 from vagen.rollout.batch import TokenBatch
+
+SFT_SOURCES = ("solver", "visited")  # `algorithm.sft_source`: what the demonstration loss beside RL imitates
 
 
 @dataclass
@@ -63,6 +68,24 @@ def _board(env: gymnasium.Env) -> tuple[list[tuple[int, int]], tuple[int, int], 
         return [], (0, 0), None
 
 
+def _demo_turn(env: gymnasium.Env, formatter: DialogueFormatter, actions: list[str], shown: Turn) -> Turn:
+    """`shown` (its observation, images and prompt ids) answered by the demonstration response of `actions` from the
+    env's current state: its ids followed by the end-of-message token the engine stops on (the model learns to stop)."""
+    text = demo_response(env, actions)
+    end_ids = formatter.close_ids([], "length")[:1]
+    response_ids = formatter.tokenizer(text, add_special_tokens=False)["input_ids"] + end_ids
+    return replace(
+        shown,
+        response_ids=response_ids,
+        response_text=text,
+        finish_reason="stop",
+        response_logprobs=[0.0] * len(response_ids),
+        close_ids=formatter.close_ids(response_ids, "stop"),
+        reward=0.0,
+        info={},
+    )
+
+
 def play_demo(
     env: gymnasium.Env, formatter: DialogueFormatter, seed: int, noise_eps: float, rng: np.random.Generator, name: str
 ) -> Demo:
@@ -71,8 +94,6 @@ def play_demo(
     Each turn's response ids are the tokenised demo response followed by the end-of-message token
     (the model learns to stop); `close_ids` and the next prompt come from `formatter`.
     """
-    tokenizer = formatter.tokenizer
-    end_ids = formatter.close_ids([], "length")[:1]  # the end-of-message token the engine stops on
     demo = Demo(Trajectory(group_id=seed, seed=seed, env_name=name))
     observation, _ = env.reset(seed=seed)
     prompt = formatter.first_prompt(observation)
@@ -82,17 +103,12 @@ def play_demo(
             demo.trajectory.end_reason = "unsolvable"
             return demo
         actions, is_noise = choice
-        text = demo_response(env, actions)
-        response_ids = tokenizer(text, add_special_tokens=False)["input_ids"] + end_ids
-        turn = Turn(observation=observation.text, images=list(observation.images), prompt_ids=prompt)
-        turn.response_ids, turn.response_text, turn.finish_reason = response_ids, text, "stop"
-        turn.response_logprobs = [0.0] * len(response_ids)
-        turn.close_ids = formatter.close_ids(response_ids, "stop")
+        turn = _demo_turn(env, formatter, actions, Turn(observation.text, list(observation.images), prompt))
         cells, shape, facts = _board(env)
         demo.key_cells.append(cells)
         demo.grid_shapes.append(shape)
         demo.tile_facts.append(facts)
-        observation, turn.reward, terminated, truncated, turn.info = env.step(text)
+        observation, turn.reward, terminated, truncated, turn.info = env.step(turn.response_text)
         demo.trajectory.turns.append(turn)
         demo.noisy_turns.append(is_noise)
         if terminated or truncated:
@@ -117,6 +133,31 @@ def demonstrations(
     demos = [play_demo(env, formatter, s, noise_eps, rng, name) for s in seeds]
     env.close()
     return [demo for demo in demos if demo.trajectory.turns and (keep_all_noise or not all(demo.noisy_turns))]
+
+
+def visited_demos(
+    make_env: Callable[[], gymnasium.Env], formatter: DialogueFormatter, trajectories: list[Trajectory]
+) -> list[Demo]:
+    """The solver's turn at every state the policy's own `trajectories` visited (DAgger's labels): one demo per turn
+    whose state the solver can still solve, its dialogue the policy's own turns up to it (context, out of the loss)
+    and then the demonstration response, for the prompt the policy saw there. Each episode is replayed from its seed
+    with the policy's responses; where a replayed state is not the recorded one (`Turn.state_key`), its later turns
+    get no label."""
+    env, rng = make_env(), np.random.default_rng(0)  # noise_eps 0: the draws decide nothing
+    demos = []
+    for trajectory in trajectories:
+        env.reset(seed=trajectory.seed)
+        for index, turn in enumerate(trajectory.turns):
+            if env.unwrapped.state_key() != turn.state_key:
+                break
+            choice = turn_actions(env, rng, 0.0)
+            if choice is not None:
+                turns = [*trajectory.turns[:index], _demo_turn(env, formatter, choice[0], turn)]
+                labelled = replace(trajectory, turns=turns, final_observation="", final_images=[])
+                demos.append(Demo(labelled, noisy_turns=[True] * index + [False]))
+            env.step(turn.response_text)
+    env.close()
+    return demos
 
 
 def sft_batch(demos: list[Demo], pad_token_id: int, imitate_noise: bool = False) -> TokenBatch:

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from vagen.algos.advantages import ADVANTAGE_ESTIMATORS
 from vagen.algos.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
+from vagen.bootstrap.demos import SFT_SOURCES
 from vagen.diagnostics.scoring import SCOPES
 from vagen.engines import ENGINES
 from vagen.env import OBSERVATION_MODES, RESPONSE_FORMATS, make_env
@@ -174,6 +175,8 @@ OPTIONS: dict[str, Option] = {
                                  "demonstrations, added to every optimizer step (0 = off)"),
     "algorithm.sft_batch_size": Option(int, "[1, inf)", "demonstration dialogues per optimizer step"),
     "algorithm.sft_episodes": Option(int, "[1, inf)", "demonstrations played when the run starts (levels 0..N-1)"),
+    "algorithm.sft_source": Option(str, SFT_SOURCES, "what the demonstration loss imitates: the solver's play of "
+                                   "levels 0..sft_episodes-1, or its turn at the states the rollouts visited"),
     "algorithm.clip_low": Option(float, "(0, 1)", "PPO ratio clip below: 1 - clip_low"),
     "algorithm.clip_high": Option(float, "(0, inf)", "PPO ratio clip above: 1 + clip_high"),
     "algorithm.dual_clip_c": Option(float | None, "(1, inf)", "dual clip for negative advantages (null = off)"),
@@ -530,6 +533,11 @@ def _check_algorithm(cfg: Any) -> None:
             f"filter.strategy={filt.strategy} ranks groups by reward spread, which needs "
             "trainer.group_size >= 2 (or use filter=none)."
         )
+    if algo.sft_source == "visited" and algo.sft_coef == 0:
+        raise ValueError(
+            "algorithm.sft_source=visited says what the demonstration loss imitates, but algorithm.sft_coef=0 turns "
+            "that loss off: set algorithm.sft_coef > 0 (e.g. 1), or drop sft_source."
+        )
     if algo.advantage_tokens == "answer" and cfg.env.kwargs.get("response_format") == "no_think":
         raise ValueError(
             "algorithm.advantage_tokens=answer withholds the advantage from each turn's <think> text, but "
@@ -687,6 +695,11 @@ def check_env(cfg: Any) -> None:
             f"algorithm.sft_coef={cfg.algorithm.sft_coef} trains on solver demonstrations of env={env_cfg.name}, but "
             f"{type(game).__name__} has no {' and no '.join(lacking)}(). Set algorithm.sft_coef=0, or implement "
             "solver_actions() and demo_reasoning() for the game."
+        )
+    if cfg.algorithm.sft_source == "visited" and game.state_key() is None:
+        raise ValueError(
+            f"algorithm.sft_source=visited replays each episode to label its states and checks them by state_key(), "
+            f"which {type(game).__name__} does not give. Use algorithm.sft_source=solver, or implement state_key()."
         )
     env.close()
 

@@ -52,7 +52,7 @@ from vagen.algos.losses import (
     policy_loss,
     value_loss,
 )
-from vagen.bootstrap.demos import Demo, demonstrations, sft_batch
+from vagen.bootstrap.demos import Demo, demonstrations, sft_batch, visited_demos
 from vagen.bootstrap.warmstart import WarmStartRecipe, backward_sft_batch
 from vagen.diagnostics.move_preference import move_preferences, probe_summary
 from vagen.diagnostics.scoring import ScoringJob, cross_scores, image_probe
@@ -244,7 +244,7 @@ class Learner:
         """The solver demonstrations that `algorithm.sft_coef` trains on (none when it is 0): the game's noisy solver,
         noise as the warm starts' recipe, on levels 0..`sft_episodes`-1, the same on every replica and every resume."""
         algo = self.cfg.algorithm
-        if algo.sft_coef == 0:
+        if algo.sft_coef == 0 or algo.sft_source == "visited":  # visited: each update labels its own rollouts
             return []
         noise = WarmStartRecipe.noise_eps
         demos = demonstrations(
@@ -335,10 +335,11 @@ class Learner:
         return image_probe(self.model, self.policy.processor, job, micro_batch=micro_batch, scores=scores)
 
     # ---- the update, in paper order ----------------------------------------------------------
-    def update(self, batch: TokenBatch, iteration: int) -> UpdateStats:
+    def update(self, batch: TokenBatch, iteration: int, visited: list[Trajectory] | None = None) -> UpdateStats:
         """One StarPO update on `batch` (the kept groups' dialogues, `trajectories_to_batch`); its statistics, to be
         averaged (`means()`) or merged with the other replicas'. The mini-batches' order comes from (run seed,
-        `iteration`).
+        `iteration`). With `algorithm.sft_source=visited` the demonstration loss imitates the solver at the states of
+        `visited` (the iteration's rollouts, `visited_demos`) instead of the demonstrations played at the start.
 
         1. old log-probs of the sampled tokens, reference log-probs and old values (`score`);
         2. advantages and value targets (`algorithm.advantage`'s estimator);
@@ -358,6 +359,10 @@ class Learner:
         shuffle = torch.Generator().manual_seed(derive_seed(self.cfg.seed, iteration, SHUFFLE_STREAM))
         demo_draws = torch.Generator().manual_seed(derive_seed(self.cfg.seed, iteration, DEMO_STREAM))
         first_order = torch.randperm(len(batch), generator=shuffle)
+        demos = self.demos
+        if visited is not None:
+            demos = visited_demos(self._make_env, self.formatter, visited)
+            stats.add("sft", {"labelled_states": float(len(demos))})
         # The first mini-batch is trained on before any weight changes: its old log-probs are exactly the new ones of
         # its own forward (detached), so their separate no-grad pass is skipped (`trainer.reuse_first_forward`).
         # Data-parallel replicas score every row up front instead: a replica only sees the forwards of its own rows.
@@ -400,8 +405,8 @@ class Learner:
                             own = logprobs[fresh[micro].to(logprobs.device)].float().cpu()
                             batch.old_logprobs[rows, : logprobs.shape[1]] = own
                     fresh[:] = False
-                    if self.demos:
-                        self.backward_demos(stats, demo_draws)
+                    if demos:
+                        self.backward_demos(demos, stats, demo_draws)
                     self.step(stats, iteration)  # 4
         self._synchronize()
         stats.add("perf", {"train_s": time.perf_counter() - start})
@@ -568,12 +573,12 @@ class Learner:
             stats.add("critic", v_metrics)
         return logprobs.detach()
 
-    def backward_demos(self, stats: UpdateStats, draws: torch.Generator) -> None:
-        """Forward and backward of `algorithm.sft_coef` times the mean log-loss of `sft_batch_size` demonstrations
+    def backward_demos(self, demos: list[Demo], stats: UpdateStats, draws: torch.Generator) -> None:
+        """Forward and backward of `algorithm.sft_coef` times the mean log-loss of `sft_batch_size` of `demos`
         drawn by `draws` (this replica's rows of them), onto the mini-batch's policy gradient; logs `loss/sft`."""
         algo = self.cfg.algorithm
-        picks = torch.randperm(len(self.demos), generator=draws)[: algo.sft_batch_size].tolist()
-        batch = sft_batch([self.demos[i] for i in picks], self.tokenizer.pad_token_id)
+        picks = torch.randperm(len(demos), generator=draws)[: algo.sft_batch_size].tolist()
+        batch = sft_batch([demos[i] for i in picks], self.tokenizer.pad_token_id)
         rows = self.data_parallel.share(torch.arange(len(batch)))
         loss = backward_sft_batch(
             self.model, batch, self.policy.processor, self.micro_batch_size, self.cfg.trainer.bf16, algo.sft_coef, rows

@@ -216,7 +216,8 @@ class StarPOTrainer:
         with phase("update"):
             if kept:
                 batch = trajectories_to_batch(kept, pad_token_id=self.learner.tokenizer.pad_token_id or 0)
-                metrics.update(self.learner.update(batch, self.iteration).means())
+                visited = trajectories if self.cfg.algorithm.sft_source == "visited" else None
+                metrics.update(self.learner.update(batch, self.iteration, visited).means())
         metrics.update(self.monitor.echo(float(group_std.mean()), metrics))
         with phase("sync"):
             self.learner.sync()

@@ -234,14 +234,16 @@ class RayLearners:
     def learning_rate(self) -> float:
         return self._first("update", "learning_rate")
 
-    def update(self, batch: TokenBatch, iteration: int) -> UpdateStats:
-        """Every replica trains on its share of the rows of the same batch; their statistics merged, every
-        micro-batch of every replica, as one process would have averaged them."""
+    def update(self, batch: TokenBatch, iteration: int, visited: list[Trajectory] | None = None) -> UpdateStats:
+        """Every replica trains on its share of the rows of the same batch (and of the demonstrations labelled from
+        `visited`); their statistics merged, every micro-batch of every replica, as one process would have averaged
+        them."""
         import ray
 
         shared = ray.put(batch)  # one copy in the object store, read by every worker
+        shared_visited = None if visited is None else ray.put(visited)
         stats = UpdateStats.empty()
-        for part in self._all("update", "update", shared, iteration):
+        for part in self._all("update", "update", shared, iteration, shared_visited):
             stats.merge(part)
         return stats
 
