@@ -86,7 +86,7 @@ def test_a_tuned_file_is_named_for_its_game_model_and_algorithm_and_sets_documen
 
 
 def test_the_tuned_settings_yield_to_the_command_line_and_apply_to_their_triple_only():
-    """The sokoban_visual file sets trainer.freeze_vision and algorithm.kl_coef for tiny_vl with gigpo; another
+    """The sokoban_visual file sets trainer.freeze_vision and algorithm.sft_coef for tiny_vl with gigpo; another
     algorithm or model, `~tuned`, or the key on the command line each give something else, and the run's line says
     which values it uses."""
     from test_trainer import config
@@ -95,15 +95,15 @@ def test_the_tuned_settings_yield_to_the_command_line_and_apply_to_their_triple_
 
     def chosen(*overrides):
         cfg = config(["env=sokoban_visual", *overrides])
-        return cfg.trainer.freeze_vision, cfg.algorithm.kl_coef
+        return cfg.trainer.freeze_vision, cfg.algorithm.sft_coef
 
-    assert chosen() == (True, 0.05)
-    assert chosen("algorithm.kl_coef=0.2") == (True, 0.2)
-    assert chosen("~tuned") == chosen("algorithm=grpo") == chosen("model=tiny_vl_test") == (False, 0.001)
+    assert chosen() == (True, 1.0)
+    assert chosen("algorithm.sft_coef=0.5") == (True, 0.5)
+    assert chosen("~tuned") == chosen("algorithm=grpo") == chosen("model=tiny_vl_test") == (False, 0.0)
     cfg = config(["env=sokoban_visual", "trainer.freeze_vision=false"])
     assert tuned_line(str(CONFIGS), "sokoban_visual-tiny_vl-gigpo", cfg) == (
         "Tuned for sokoban_visual-tiny_vl-gigpo (configs/tuned/sokoban_visual-tiny_vl-gigpo.yaml): "
-        "trainer.freeze_vision=false algorithm.kl_coef=0.05. key=value overrides one; ~tuned drops all."
+        "trainer.freeze_vision=false algorithm.sft_coef=1.0. key=value overrides one; ~tuned drops all."
     )
     assert tuned_line(str(CONFIGS), "sokoban_visual-tiny_vl-grpo", cfg) is None  # no such file
     assert tuned_line(str(CONFIGS), None, cfg) is None  # ~tuned
