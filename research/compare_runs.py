@@ -17,6 +17,9 @@ Options:
   at_a=N          the iteration of a's validations (-1, the default: as at; 0 where a is empty)
   greedy=true     compare the runs' greedy validations (each level played once, greedily: `trainer.eval_greedy`)
                   instead of the sampled ones; run folders only
+  by_distance=ENV also break the mean run's change down by each level's solver distance (the fewest moves from its
+                  start, from configs/env/ENV.yaml's game): bins of neighbouring distances, each of at least
+                  `min_levels` levels (16): is a gain one of the easy, the middle or the hard levels?
   save=FILE.json  also write the b runs' validations per level, every iteration of them, to FILE.json (a few tens of
                   kB): a later comparison can then pair against these runs after their folders and checkpoints are
                   gone (docs/runs/ keeps the ones docs/learning.md reports)
@@ -25,6 +28,7 @@ Examples:
   two arms at their budget:   a=out/armA-seed0,out/armA-seed1 b=out/armB-seed0,out/armB-seed1
   a run against itself:       a=out/arm-seed0 at_a=117 b=out/arm-seed0 at=156
   a fork against its source:  a=runs/constant b=runs/annealed
+  where the levels gained:    a=docs/runs/<arm>.json b=out/armB-seed0,... by_distance=sokoban_visual
   against runs kept as a file: a=docs/runs/<arm>.json b=out/armB-seed0,out/armB-seed1,out/armB-seed2
   on levels never validated on (evaluate.py seed_offset=256 of the start and of three runs' last checkpoints):
                               a=ev/tiny_vl/sokoban_visual,ev/tiny_vl/sokoban_visual,ev/tiny_vl/sokoban_visual
@@ -43,12 +47,15 @@ from pathlib import Path
 from typing import NamedTuple
 
 from vagen.cli import script_options
+from vagen.env import make_env
 from vagen.eval import CellStore, success_by_seed
+from vagen.eval.runner import load_env_config
 from vagen.logging import read_metrics
 from vagen.rollout.validation import change_text, paired_change
 from vagen.trainer.checkpoint import latest_checkpoint, read_state
 
-DEFAULTS = {"a": "", "b": "", "at": -1, "at_a": -1, "greedy": False, "save": ""}
+DEFAULTS = {"a": "", "b": "", "at": -1, "at_a": -1, "greedy": False, "save": "", "by_distance": "", "min_levels": 16}
+ROOT = Path(__file__).resolve().parent.parent
 SAVED_FORMAT = "vagen.compare_runs/1"
 
 
@@ -172,8 +179,11 @@ def change(before: dict[int, float], after: dict[int, float]) -> str:
     return f"{change_text(mean, low, high)} over {levels} levels"
 
 
-def compare(a: list[Run], b: list[Run], at: int, at_a: int) -> str:
-    """The markdown table of the pairs' changes b − a by level and the mean run's."""
+def compare(
+    a: list[Run], b: list[Run], at: int, at_a: int, distances: dict[int, int] | None = None, min_levels: int = 16
+) -> str:
+    """The markdown table of the pairs' changes b − a by level and the mean run's; with `distances` (each level's
+    solver distance), also the mean run's change per bin of distances (`by_distance`)."""
     if not b:
         raise ValueError("b= names no runs; give the run folders to measure, comma-separated.")
     if a and len(a) != len(b):
@@ -204,7 +214,59 @@ def compare(a: list[Run], b: list[Run], at: int, at_a: int) -> str:
     mean_after = {k: statistics.mean(o[k] for o in afters) for k in levels}
     lines += ["", f"The mean run: {pct(statistics.mean(mean_before.values()))} -> "]
     lines[-1] += f"{pct(statistics.mean(mean_after.values()))}, {change(mean_before, mean_after)}."
+    if distances is not None:
+        lines += ["", by_distance(mean_before, mean_after, distances, min_levels)]
     return "\n".join(lines)
+
+
+def distance_bins(distances: list[int], min_levels: int) -> list[tuple[int, int]]:
+    """Neighbouring distances merged, from the shortest, until each bin holds at least `min_levels` levels; a last
+    bin short of that joins the one before it."""
+    bins: list[tuple[int, int]] = []
+    count, low = 0, None
+    for distance in sorted(set(distances)):
+        low = distance if low is None else low
+        count += distances.count(distance)
+        if count >= min_levels:
+            bins.append((low, distance))
+            count, low = 0, None
+    if low is not None:
+        bins[-1:] = [(bins[-1][0], max(distances))] if bins else [(low, max(distances))]
+    return bins
+
+
+def by_distance(before: dict[int, float], after: dict[int, float], distances: dict[int, int], min_levels: int) -> str:
+    """The markdown table of the change after − before per bin of solver distances (0: no plan from the start)."""
+    levels = sorted(before.keys() & after.keys())
+    missing = [k for k in levels if k not in distances]
+    if missing:
+        raise ValueError(f"no solver distance for levels {missing[:5]}; measure every compared level.")
+    lines = [
+        "| solver distance | levels | a success | b success | b − a, paired by level [95% CI] |",
+        "|---|---|---|---|---|",
+    ]
+    for low, high in distance_bins([distances[k] for k in levels], min_levels):
+        inside = [k for k in levels if low <= distances[k] <= high]
+        a_bin, b_bin = {k: before[k] for k in inside}, {k: after[k] for k in inside}
+        span = f"{low}" if low == high else f"{low}–{high}"
+        success = f"{pct(statistics.mean(a_bin.values()))} | {pct(statistics.mean(b_bin.values()))}"
+        lines.append(
+            f"| {span} | {len(inside)} | {success} | {change(a_bin, b_bin) if len(inside) > 1 else 'one level'} |"
+        )
+    return "The mean run by the levels' solver distance:\n\n" + "\n".join(lines)
+
+
+def solver_distances(env_name: str, levels: list[int]) -> dict[int, int]:
+    """Each level's solver distance in configs/env/`env_name`.yaml's game: the fewest moves from `reset(seed=level)`
+    (0 where the solver finds no plan)."""
+    env_cfg = load_env_config(env_name, ROOT / "configs", overrides={})
+    env = make_env(env_cfg["id"], **env_cfg["kwargs"])
+    distances = {}
+    for level in levels:
+        env.reset(seed=level)
+        distances[level] = len(env.unwrapped.solver_actions())
+    env.close()
+    return distances
 
 
 def main(argv: list[str]) -> None:
@@ -218,7 +280,12 @@ def main(argv: list[str]) -> None:
         if not options.a and any(is_cell(Path(part)) for part in options.b.split(",")):
             raise ValueError("an evaluate.py cell has no start of its own to compare with; give a= (e.g. the start's "
                              "cell on the same levels, once per b).")  # fmt: skip
-        print(compare(load_runs(options.a, greedy), b, int(options.at), int(options.at_a)))
+        a = load_runs(options.a, greedy)
+        distances = None
+        if options.by_distance:
+            levels = sorted(set().union(*(set().union(*run.history.values()) for run in a + b)))
+            distances = solver_distances(str(options.by_distance), levels)
+        print(compare(a, b, int(options.at), int(options.at_a), distances, int(options.min_levels)))
         if options.save:
             save_runs(b, Path(options.save))
             print(f"\nsaved the b runs' validations to {options.save}")

@@ -268,6 +268,38 @@ def test_compare_runs_pairs_each_pair_and_the_mean_run_by_level():
         compare_runs.compare(a[:1], b, -1, -1)
 
 
+def test_compare_runs_breaks_the_mean_runs_change_down_by_solver_distance():
+    """Bins merge neighbouring distances until each holds min_levels levels (a short last bin joins the one before).
+    By hand, min_levels 2 over distances 2, 2, 5, 6, 9: bins 2 and 5–9. Bin 2 (levels 1, 2): 0.5 -> 1.0, differences
+    1 and 0: +50 [-48.0, +148.0]. Bin 5–9 (levels 3, 4, 5): differences 0, 0, 0: +0 [+0, +0]. The distances are the
+    game's solver's: a Sokoban level's equals the length of the plan its solver returns from the start."""
+    compare_runs = repo_module("research/compare_runs.py")
+    assert compare_runs.distance_bins([2, 2, 5, 6, 9], 2) == [(2, 2), (5, 9)]
+    assert compare_runs.distance_bins([4, 4, 4], 16) == [(4, 4)]  # fewer levels than one bin: one bin of them all
+    before = {1: 0.0, 2: 1.0, 3: 0.5, 4: 0.0, 5: 1.0}
+    after = {1: 1.0, 2: 1.0, 3: 0.5, 4: 0.0, 5: 1.0}
+    table = compare_runs.by_distance(before, after, {1: 2, 2: 2, 3: 5, 4: 6, 5: 9}, min_levels=2)
+    assert "| 2 | 2 | 50.0% | 100.0% | +50.0 pts [-48.0, +148.0] over 2 levels |" in table
+    assert "| 5–9 | 3 | 50.0% | 50.0% | +0.0 pts [+0.0, +0.0] over 3 levels |" in table
+    with pytest.raises(ValueError, match=r"no solver distance for levels \[5\]"):
+        compare_runs.by_distance(before, after, {1: 2, 2: 2, 3: 5, 4: 6}, min_levels=2)
+    a = [compare_runs.Run("a", {0: before})]
+    b = [compare_runs.Run("b", {0: after})]
+    assert "The mean run by the levels' solver distance" in compare_runs.compare(a, b, 0, 0, {k: 3 for k in before})
+
+    seeds = eval_seeds(3)
+    distances = compare_runs.solver_distances("sokoban_visual", seeds)
+    env_cfg = OmegaConf.load(CONFIG_DIR / "env" / "sokoban_visual.yaml")
+    env = make_env(env_cfg.id, **OmegaConf.to_container(env_cfg.kwargs))
+    for seed in seeds:  # the plan from each level's start solves it in that many moves
+        env.reset(seed=seed)
+        plan = env.unwrapped.solver_actions()
+        assert distances[seed] == len(plan) > 0
+        for turn in range(0, len(plan), 3):
+            *_, info = env.step(f"<think>plan</think><answer>{'||'.join(plan[turn : turn + 3])}</answer>")
+        assert info["success"]
+
+
 def test_compare_runs_saves_runs_to_a_file_that_stands_for_them_later(tmp_path, monkeypatch):
     """save= keeps each run's every validation per level (a level one validation did not play stays absent), and the
     file in a= or b= is those runs, in order: the comparison against it equals the one against the run folders. Seed 1
