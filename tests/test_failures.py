@@ -8,7 +8,14 @@ from hydra import compose, initialize_config_dir
 
 from vagen.env import make_env
 from vagen.eval import evaluate, rename_overrides
-from vagen.eval.failures import EpisodeReplay, TurnReplay, cell_failure_report, failure_report, replay_cell
+from vagen.eval.failures import (
+    EpisodeReplay,
+    TurnReplay,
+    cell_failure_report,
+    failure_report,
+    replay_cell,
+    report_lines,
+)
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
@@ -80,7 +87,11 @@ def test_report_counts_outcomes_distances_and_turns():
     assert [replay.outcome for replay in replays] == ["solved", "out of turns", "dead end"]
     report = failure_report(replays)
     assert report["outcomes"] == {"solved": "1/3 (33%)", "dead end": "1/3 (33%)", "out of turns": "1/3 (33%)"}
-    assert report["success_by_initial_distance"] == {"3": "1/1 (100%)", "5": "0/2 (0%)"}
+    assert report["outcomes_by_initial_distance"] == {
+        "3": {"solved": "1/1 (100%)", "dead end": "0/1 (0%)", "out of turns": "0/1 (0%)"},
+        "5": {"solved": "0/2 (0%)", "dead end": "1/2 (50%)", "out of turns": "1/2 (50%)"},
+    }
+    assert "       5: solved 0/2 (0%), dead end 1/2 (50%), out of turns 1/2 (50%)" in report_lines("m on e", report)
     assert report["optimal_turns_by_turn"] == {0: "1/3 (33%)", 1: "1/2 (50%)"}
     assert report["dead_ends_entered_by_turn"] == {0: "1/3 (33%)", 1: "0/2 (0%)"}
     assert report["reasoning_matches_demo"] == {"solvable states": "3/4 (75%)", "dead ends": "0/1 (0%)"}

@@ -103,12 +103,13 @@ def _share(hits: int, total: int) -> str:
 
 
 def failure_report(replays: Sequence[EpisodeReplay]) -> dict[str, Any]:
-    """Counts over replayed episodes: outcomes, success by the level's initial solver distance, per turn index
+    """Counts over replayed episodes: outcomes, overall and by the level's initial solver distance, per turn index
     the optimal turns and the dead ends entered, the reasoning that matches the demonstration's, and the turns that
     changed nothing in solved and in failed episodes."""
+    names = ("solved", "dead end", "out of turns")
     outcomes = Counter(replay.outcome for replay in replays)
     levels = Counter(replay.initial_distance for replay in replays)
-    solved = Counter(replay.initial_distance for replay in replays if replay.success)
+    by_distance = Counter((replay.initial_distance, replay.outcome) for replay in replays)
     turn_indices = range(max((len(replay.turns) for replay in replays), default=0))
 
     def per_turn(test: str) -> dict[int, str]:
@@ -123,9 +124,9 @@ def failure_report(replays: Sequence[EpisodeReplay]) -> dict[str, Any]:
     facts = [turn.facts_right for turn in solvable if turn.facts_right is not None]
     report = {
         "episodes": len(replays),
-        "outcomes": {name: _share(outcomes[name], len(replays)) for name in ("solved", "dead end", "out of turns")},
-        "success_by_initial_distance": {  # str keys: the report is written as JSON; None (no plan) last
-            str(distance): _share(solved[distance], levels[distance])
+        "outcomes": {name: _share(outcomes[name], len(replays)) for name in names},
+        "outcomes_by_initial_distance": {  # str keys: the report is written as JSON; None (no plan) last
+            str(distance): {name: _share(by_distance[distance, name], levels[distance]) for name in names}
             for distance in sorted(levels, key=lambda distance: (distance is None, distance or 0))
         },
         "optimal_turns_by_turn": per_turn("optimal"),
@@ -177,8 +178,9 @@ def report_lines(name: str, report: dict[str, Any]) -> list[str]:
     """`report` as the lines scripts/evaluate.py mode=failures prints."""
     lines = [f"{name}: {report['episodes']} episodes"]
     lines.append("  outcome: " + ", ".join(f"{outcome} {share}" for outcome, share in report["outcomes"].items()))
-    lines.append("  success by the level's solver distance at the start:")
-    lines += [f"    {distance:>4s}: {share}" for distance, share in report["success_by_initial_distance"].items()]
+    lines.append("  outcome by the level's solver distance at the start:")
+    for distance, shares in report["outcomes_by_initial_distance"].items():
+        lines.append(f"    {distance:>4s}: " + ", ".join(f"{outcome} {share}" for outcome, share in shares.items()))
     for key, title in (
         ("optimal_turns_by_turn", "turns whose executed actions were all optimal"),
         ("dead_ends_entered_by_turn", "turns that entered a dead end"),
