@@ -48,6 +48,7 @@ from typing import NamedTuple
 
 from vagen.cli import script_options
 from vagen.env import make_env
+from vagen.env.policies import solver_distance
 from vagen.eval import CellStore, success_by_seed
 from vagen.eval.runner import load_env_config
 from vagen.logging import read_metrics
@@ -261,10 +262,7 @@ def solver_distances(env_name: str, levels: list[int]) -> dict[int, int]:
     (0 where the solver finds no plan)."""
     env_cfg = load_env_config(env_name, ROOT / "configs", overrides={})
     env = make_env(env_cfg["id"], **env_cfg["kwargs"])
-    distances = {}
-    for level in levels:
-        env.reset(seed=level)
-        distances[level] = len(env.unwrapped.solver_actions())
+    distances = {level: solver_distance(env, level) for level in levels}
     env.close()
     return distances
 

@@ -12,6 +12,7 @@ done.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -24,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from vagen.engines import SamplingParams
 from vagen.engines.base import derive_seed
 from vagen.env import make_env
+from vagen.env.policies import solver_distance
 from vagen.filtering import apply_empty_policy, select_groups
 from vagen.rollout import Trajectory, trajectories_to_batch
 from vagen.rollout.validation import (
@@ -86,14 +88,8 @@ def level_sampler(cfg: DictConfig) -> LevelSampler | FrontierSampler:
         plr = PLRSettings(**OmegaConf.to_container(trainer.plr, resolve=True))
         return LevelSampler(trainer.level_sampler, cfg.seed, first_seed, trainer.level_pool, plr)
     env = make_env(cfg.env.id, **OmegaConf.to_container(cfg.env.kwargs, resolve=True))
-
-    def distance(seed: int) -> int:
-        """The solver's fewest moves from the level's start (0: no plan)."""
-        env.reset(seed=seed)
-        return len(env.unwrapped.solver_actions())
-
     settings = FrontierSettings(**OmegaConf.to_container(trainer.frontier, resolve=True))
-    return FrontierSampler(cfg.seed, first_seed, settings, distance)
+    return FrontierSampler(cfg.seed, first_seed, settings, functools.partial(solver_distance, env))
 
 
 def run_fingerprint(cfg: DictConfig) -> dict[str, Any]:
