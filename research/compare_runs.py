@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -223,16 +224,20 @@ def compare(
 def distance_bins(distances: list[int], min_levels: int) -> list[tuple[int, int]]:
     """Neighbouring distances merged, from the shortest, until each bin holds at least `min_levels` levels; a last
     bin short of that joins the one before it."""
+    levels = Counter(distances)
     bins: list[tuple[int, int]] = []
     count, low = 0, None
-    for distance in sorted(set(distances)):
+    for distance in sorted(levels):
         low = distance if low is None else low
-        count += distances.count(distance)
+        count += levels[distance]
         if count >= min_levels:
             bins.append((low, distance))
             count, low = 0, None
-    if low is not None:
-        bins[-1:] = [(bins[-1][0], max(distances))] if bins else [(low, max(distances))]
+    if low is not None:  # a short last bin
+        if bins:
+            bins[-1] = (bins[-1][0], max(levels))
+        else:
+            bins.append((low, max(levels)))
     return bins
 
 
