@@ -43,7 +43,6 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -53,7 +52,7 @@ from vagen.env.policies import solver_distance
 from vagen.eval import CellStore, success_by_seed
 from vagen.eval.runner import load_env_config
 from vagen.logging import read_metrics
-from vagen.rollout.validation import change_text, paired_change
+from vagen.rollout.validation import change_text, distance_bins, paired_change
 from vagen.trainer.checkpoint import latest_checkpoint, read_state
 
 DEFAULTS = {"a": "", "b": "", "at": -1, "at_a": -1, "greedy": False, "save": "", "by_distance": "", "min_levels": 16}
@@ -219,26 +218,6 @@ def compare(
     if distances is not None:
         lines += ["", by_distance(mean_before, mean_after, distances, min_levels)]
     return "\n".join(lines)
-
-
-def distance_bins(distances: list[int], min_levels: int) -> list[tuple[int, int]]:
-    """Neighbouring distances merged, from the shortest, until each bin holds at least `min_levels` levels; a last
-    bin short of that joins the one before it."""
-    levels = Counter(distances)
-    bins: list[tuple[int, int]] = []
-    count, low = 0, None
-    for distance in sorted(levels):
-        low = distance if low is None else low
-        count += levels[distance]
-        if count >= min_levels:
-            bins.append((low, distance))
-            count, low = 0, None
-    if low is not None:  # a short last bin
-        if bins:
-            bins[-1] = (bins[-1][0], max(levels))
-        else:
-            bins.append((low, max(levels)))
-    return bins
 
 
 def by_distance(before: dict[int, float], after: dict[int, float], distances: dict[int, int], min_levels: int) -> str:

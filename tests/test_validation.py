@@ -11,7 +11,7 @@ from vagen.env import make_env
 from vagen.logging import read_metrics
 from vagen.rollout.move_probe import optimal_first_actions
 from vagen.rollout.trajectory import Trajectory, Turn
-from vagen.rollout.validation import EVAL_SEED_BASE, eval_seeds, reading_metrics, wilson_interval
+from vagen.rollout.validation import EVAL_SEED_BASE, distance_bins, eval_seeds, reading_metrics, wilson_interval
 from vagen.trainer.checkpoint import latest_checkpoint, read_state
 from vagen.trainer.run import held_out_line, train
 from vagen.trainer.starpo import SEED_STRIDE, StarPOTrainer
@@ -274,8 +274,8 @@ def test_compare_runs_breaks_the_mean_runs_change_down_by_solver_distance():
     1 and 0: +50 [-48.0, +148.0]. Bin 5–9 (levels 3, 4, 5): differences 0, 0, 0: +0 [+0, +0]. The distances are the
     game's solver's: a Sokoban level's equals the length of the plan its solver returns from the start."""
     compare_runs = repo_module("research/compare_runs.py")
-    assert compare_runs.distance_bins([2, 2, 5, 6, 9], 2) == [(2, 2), (5, 9)]
-    assert compare_runs.distance_bins([4, 4, 4], 16) == [(4, 4)]  # fewer levels than one bin: one bin of them all
+    assert distance_bins([2, 2, 5, 6, 9], 2) == [(2, 2), (5, 9)]
+    assert distance_bins([4, 4, 4], 16) == [(4, 4)]  # fewer levels than one bin: one bin of them all
     before = {1: 0.0, 2: 1.0, 3: 0.5, 4: 0.0, 5: 1.0}
     after = {1: 1.0, 2: 1.0, 3: 0.5, 4: 0.0, 5: 1.0}
     table = compare_runs.by_distance(before, after, {1: 2, 2: 2, 3: 5, 4: 6, 5: 9}, min_levels=2)
@@ -298,6 +298,20 @@ def test_compare_runs_breaks_the_mean_runs_change_down_by_solver_distance():
         for turn in range(0, len(plan), 3):
             *_, info = env.step(f"<think>plan</think><answer>{'||'.join(plan[turn : turn + 3])}</answer>")
         assert info["success"]
+
+
+def test_first_move_gap_tables_each_set_in_the_held_out_levels_distance_bins():
+    """research/first_move_gap.py's table, by hand: training levels 1, 2 and held-out levels 10, 11, 12; bins from
+    the held-out distances 2, 5, 5 with min_levels 1: 2 and 5. Training level 2 (distance 5): mass 0.4, one level, no
+    interval; held-out 11 and 12: 0.5 and 0.7, mean 0.6, stdev 0.1414, half-width 1.96 * 0.1414 / sqrt(2) = 0.196."""
+    first_move_gap = repo_module("research/first_move_gap.py")
+    results = {
+        "train": {1: (0.9, True), 2: (0.4, False)},
+        "held out": {10: (1.0, True), 11: (0.5, False), 12: (0.7, True)},
+    }
+    gap = first_move_gap.gap_table(results, {1: 2, 2: 5, 10: 2, 11: 5, 12: 5}, min_levels=1)
+    assert "| 2 | 1, 0.900 [0.900, 0.900], 100% | 1, 1.000 [1.000, 1.000], 100% |" in gap
+    assert "| 5 | 1, 0.400 [0.400, 0.400], 0% | 2, 0.600 [0.404, 0.796], 50% |" in gap
 
 
 def test_compare_runs_saves_runs_to_a_file_that_stands_for_them_later(tmp_path, monkeypatch):

@@ -11,6 +11,7 @@ The trainer's in-run validation (`trainer.eval_every`) and `scripts/evaluate.py`
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 
 import gymnasium
@@ -69,6 +70,26 @@ def paired_change(
 def change_text(mean: float, low: float, high: float) -> str:
     """A change in success rate and its interval, in percentage points: `+7.4 pts [+3.1, +11.7]`."""
     return f"{mean * 100:+.1f} pts [{low * 100:+.1f}, {high * 100:+.1f}]"
+
+
+def distance_bins(distances: list[int], min_levels: int) -> list[tuple[int, int]]:
+    """Neighbouring distances merged, from the shortest, until each bin holds at least `min_levels` levels; a last
+    bin short of that joins the one before it."""
+    levels = Counter(distances)
+    bins: list[tuple[int, int]] = []
+    count, low = 0, None
+    for distance in sorted(levels):
+        low = distance if low is None else low
+        count += levels[distance]
+        if count >= min_levels:
+            bins.append((low, distance))
+            count, low = 0, None
+    if low is not None:  # a short last bin
+        if bins:
+            bins[-1] = (bins[-1][0], max(levels))
+        else:
+            bins.append((low, max(levels)))
+    return bins
 
 
 def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
