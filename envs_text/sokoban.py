@@ -181,7 +181,8 @@ class SokobanTextEnv(LanguageEnv):
         a text model need not find a symbol's column in a BPE-merged row (for SmolLM2's 60-step warm start it made
         no measurable change: README, text default). With `reading_walls`, `demo_reasoning` (the warm starts'
         `<think>`) also names the walls next to the box it is about, and (`wall_labels`) the vision pre-training
-        learns every tile's wall neighbours (`tile_facts`).
+        learns every tile's wall neighbours (`tile_facts`). With `reading_push`, it also names the direction of the
+        first push of the solver's plan, the decision a long level's first moves depend on.
     Rewards:
         `step_penalty` per executed action (-0.1, gym-sokoban's), +1 for a box onto a target, -1 for a box off
         a target, +10 when all boxes are on targets. A push into a wall or a second box does nothing but still
@@ -215,15 +216,18 @@ class SokobanTextEnv(LanguageEnv):
         list_positions: bool = False,
         reading_walls: bool = False,
         wall_labels: bool = True,
+        reading_push: bool = False,
         **base_kwargs: Any,
     ) -> None:
         super().__init__(**base_kwargs)
-        if not isinstance(reading_walls, bool):
-            raise ValueError(f"reading_walls must be true or false, got {reading_walls!r}.")
-        self.reading_walls = reading_walls
-        if not isinstance(wall_labels, bool):
-            raise ValueError(f"wall_labels must be true or false, got {wall_labels!r}.")
-        self.wall_labels = wall_labels
+        for name, value in (
+            ("reading_walls", reading_walls),
+            ("wall_labels", wall_labels),
+            ("reading_push", reading_push),
+        ):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be true or false, got {value!r}.")
+        self.reading_walls, self.wall_labels, self.reading_push = reading_walls, wall_labels, reading_push
         if not step_penalty <= 0:
             raise ValueError(f"step_penalty must be <= 0 (a cost per action; 0 = none), got {step_penalty}.")
         self.step_penalty = float(step_penalty)
@@ -348,7 +352,23 @@ class SokobanTextEnv(LanguageEnv):
         if self.reading_walls:
             walls = [side for side, wall in zip(SIDES, self._wall_neighbours()[tuple(box)], strict=True) if wall]
             reading += f", walls {' '.join(walls)} of box" if walls else ", no wall next to box"
+        push = self._first_push() if self.reading_push else None
+        if push is not None:
+            reading += f", push box {push.lower()} first"
         return reading + "."
+
+    def _first_push(self) -> str | None:
+        """The action of the first push in the solver's plan from here (None without a plan)."""
+        grid = self.grid()
+        width = grid.shape[1]
+        player = int(np.flatnonzero(np.isin(grid, (PLAYER, PLAYER_ON_TARGET)))[0])
+        boxes = set(np.flatnonzero(np.isin(grid, (BOX, BOX_ON_TARGET))).tolist())
+        offsets = action_offsets(width)
+        for action in self.solver_actions():
+            player += offsets[action]
+            if player in boxes:
+                return action
+        return None
 
     def key_cells(self) -> list[tuple[int, int]]:
         """Player, the box `demo_reasoning` names (a placed one when all are placed) and its target (or the box)."""

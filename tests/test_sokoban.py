@@ -150,6 +150,29 @@ def test_reading_walls_names_the_walls_next_to_the_box_and_labels_every_tile():
         make_env(reading_walls="yes")
 
 
+def test_reading_push_names_the_direction_of_the_solver_plans_first_push():
+    """Replaying the solver's plan one move at a time, the first move after which the boxes stand elsewhere is the
+    push the reading names; without a plan (an unsolvable level) the reading has no push."""
+    env, plain = make_env(reading_push=True), make_env()
+    for seed in range(6):
+        env.reset(seed=seed)
+        plain.reset(seed=seed)
+        plan = env.solver_actions()
+        reading = env.demo_reasoning()
+        assert reading.startswith(plain.demo_reasoning()[:-1])
+        boxes = np.isin(env.grid(), (BOX, BOX_ON_TARGET))
+        for action in plan:
+            env.step(f"<think>go</think><answer>{action}</answer>")
+            if not np.array_equal(np.isin(env.grid(), (BOX, BOX_ON_TARGET)), boxes):
+                break
+        assert reading.endswith(f", push box {action.lower()} first.")
+    stuck = SokobanLevel.from_text("######\n#P_X_#\n#___O#\n#____#\n######")  # the box can never leave row 1
+    env.reset(options={"level": stuck})
+    assert env.solver_actions() == [] and env.demo_reasoning() == "box is right of me, target is down-right of box."
+    with pytest.raises(ValueError, match="reading_push must be true or false"):
+        make_env(reading_push=1)
+
+
 def test_invalid_levels_raise_with_a_reason():
     with pytest.raises(ValueError, match="border"):
         SokobanLevel.from_text("#####\n#P_XO\n#####")
