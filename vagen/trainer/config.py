@@ -237,6 +237,7 @@ OPTIONS: dict[str, Option] = {
     "env.kwargs.list_positions": Option(bool, "", "a line under the grid lists the positions"),
     "env.kwargs.reading_walls": Option(bool, "", "Sokoban: the demonstrations' reading names the box's walls"),
     "env.kwargs.wall_labels": Option(bool, "", "Sokoban, with reading_walls: vision pre-training labels walls"),
+    "env.kwargs.reading_push": Option(bool, "", "Sokoban: the demonstrations' reading names the plan's first push"),
     "env.kwargs.hole_labels": Option(bool, "", "FrozenLake: vision pre-training labels each tile's hole neighbours"),
     "env.kwargs.level_set": Option(str | None, "", "Boxoban level file (null: generated rooms)"),
     "env.kwargs.num_levels": Option(int | None, "[1, inf)", "the first levels of the level set"),
