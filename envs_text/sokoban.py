@@ -182,7 +182,7 @@ class SokobanTextEnv(LanguageEnv):
         no measurable change: README, text default). With `reading_walls`, `demo_reasoning` (the warm starts'
         `<think>`) also names the walls next to the box it is about, and (`wall_labels`) the vision pre-training
         learns every tile's wall neighbours (`tile_facts`). With `reading_push`, it also names the direction of the
-        first push of the solver's plan, the decision a long level's first moves depend on.
+        solver plan's first push ("..., push box left first.").
     Rewards:
         `step_penalty` per executed action (-0.1, gym-sokoban's), +1 for a box onto a target, -1 for a box off
         a target, +10 when all boxes are on targets. A push into a wall or a second box does nothing but still
