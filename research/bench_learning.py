@@ -44,6 +44,7 @@ from vagen.cli import script_options
 from vagen.eval import CellStore, change_text, evaluate, paired_change, success_by_seed
 from vagen.eval.runner import episode_seeds
 from vagen.logging import read_metrics
+from vagen.rollout.validation import mean_interval
 from vagen.viz.plots import new_figure, save_figure
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -378,11 +379,9 @@ def summary(runs: dict[tuple[str, int], Path], stages: list[int], per_iteration:
 
 def mean_band(records: list[dict], key: str) -> tuple[float, float, float]:
     values = [r[key] for r in records if key in r]
-    mean = statistics.mean(values)
     if len(values) == 1 and key == "val/success":
-        return mean, records[0]["val/success_ci_low"], records[0]["val/success_ci_high"]
-    half = Z_95 * statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
-    return mean, mean - half, mean + half
+        return values[0], records[0]["val/success_ci_low"], records[0]["val/success_ci_high"]
+    return mean_interval(values, Z_95)
 
 
 def plot_curves(runs: dict[tuple[str, int], Path], per_iteration: int, path: Path) -> Path:

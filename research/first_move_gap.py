@@ -37,7 +37,7 @@ from vagen.eval.models import load_local_policy, resolve_models
 from vagen.eval.runner import load_env_config
 from vagen.rollout import DialogueFormatter
 from vagen.rollout.move_probe import check_probeable, probe_states
-from vagen.rollout.validation import Z_95, distance_bins, eval_seeds
+from vagen.rollout.validation import distance_bins, eval_seeds, mean_interval
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULTS = {"models": "", "env": "sokoban_visual", "levels": 256, "offset": 256, "min_levels": 16}
@@ -45,9 +45,8 @@ DEFAULTS = {"models": "", "env": "sokoban_visual", "levels": 256, "offset": 256,
 
 def mean_text(values: list[float]) -> str:
     """The mean and its normal 95% interval: `0.712 [0.680, 0.744]`."""
-    mean = statistics.fmean(values)
-    half = Z_95 * statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
-    return f"{mean:.3f} [{mean - half:.3f}, {mean + half:.3f}]"
+    mean, low, high = mean_interval(values)
+    return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
 
 
 def gap_table(results: dict[str, dict[int, tuple[float, bool]]], distances: dict[int, int], min_levels: int) -> str:

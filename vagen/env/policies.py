@@ -22,7 +22,7 @@ POLICIES: Registry[Policy] = Registry("policy")
 
 def solver_distance(env: gymnasium.Env, seed: int) -> int:
     """The solver's fewest moves from the level of `reset(seed=seed)`: the length of its plan (0: no plan). The
-    frontier level sampler bins training levels by it; research/compare_runs.py the held-out ones."""
+    frontier level sampler bins training levels by it, and the research studies held-out ones."""
     env.reset(seed=seed)
     return len(env.unwrapped.solver_actions())
 

@@ -60,11 +60,18 @@ def paired_change(
     seeds = sorted(before.keys() & after.keys())
     if len(seeds) < 2:
         raise ValueError(f"a paired change needs at least 2 seeds played by both sides, got {len(seeds)}.")
-    differences = [after[seed] - before[seed] for seed in seeds]
-    mean = sum(differences) / len(seeds)
-    variance = sum((d - mean) ** 2 for d in differences) / (len(seeds) - 1)
-    half_width = z * math.sqrt(variance / len(seeds))
-    return mean, mean - half_width, mean + half_width, len(seeds)
+    mean, low, high = mean_interval([after[seed] - before[seed] for seed in seeds], z)
+    return mean, low, high, len(seeds)
+
+
+def mean_interval(values: list[float], z: float = Z_95) -> tuple[float, float, float]:
+    """The mean of `values` and its 95% interval (normal approximation, over the values); zero width for one value."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, mean, mean
+    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    half_width = z * math.sqrt(variance / len(values))
+    return mean, mean - half_width, mean + half_width
 
 
 def change_text(mean: float, low: float, high: float) -> str:
