@@ -74,7 +74,10 @@ def main(argv: list[str]) -> None:
     engine = OmegaConf.load(ROOT / "configs" / "engine" / "hf.yaml")
     (spec,) = resolve_models(str(options.model), engine, ROOT / "configs", {})
     policy = load_local_policy(spec, "cpu")
-    deeper = deepen(policy.model, int(options.every))
+    try:
+        deeper = deepen(policy.model, int(options.every))
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
     out = Path(options.out)
     deeper.save_pretrained(out)
     if policy.image_processor is not None:

@@ -44,6 +44,8 @@ def test_the_script_writes_a_folder_that_loads_as_a_pretrained_model(tmp_path, c
     deepen = deepen_module()
     deepen.main(["model=tiny_vl_test", f"out={tmp_path}", "every=2"])
     assert "2 -> 3 layers" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="every=3 must be between 1 and the model's 2 layers"):
+        deepen.main(["model=tiny_vl_test", f"out={tmp_path / 'other'}", "every=3"])
     policy = load_policy("deep", "pretrained", "vision", path=str(tmp_path), dtype="float32")
     original = load_policy("tiny_vl_test", "tiny_vl_random", "vision", size="test", dtype="float32")
     assert len(deepen.decoder_layers(policy.model)) == 3
