@@ -59,12 +59,13 @@ def deepen(model: torch.nn.Module, every: int = 1) -> torch.nn.Module:
     if getattr(text, "layer_types", None):
         text.layer_types = [text.layer_types[source] for source, _ in order]
     deeper = type(model)(config).to(next(model.parameters()).dtype)
-    state = {k: v for k, v in model.state_dict().items() if ".layers." not in k or "visual" in k}
-    prefix = next(k for k in model.state_dict() if ".layers.0." in k and "visual" not in k).split(".layers.0.")[0]
+    layers = decoder_layers(model)
+    prefix = next(name for name, module in model.named_modules() if module is layers) + "."
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith(prefix)}
     for target, (source, zeroed) in enumerate(order):
-        for name, value in decoder_layers(model)[source].state_dict().items():
+        for name, value in layers[source].state_dict().items():
             zero = zeroed and name.startswith(ZEROED)
-            state[f"{prefix}.layers.{target}.{name}"] = torch.zeros_like(value) if zero else value
+            state[f"{prefix}{target}.{name}"] = torch.zeros_like(value) if zero else value
     deeper.load_state_dict(state, strict=True)
     return deeper.eval()
 
