@@ -44,7 +44,7 @@ from vagen.cli import script_options
 from vagen.eval import CellStore, change_text, evaluate, paired_change, success_by_seed
 from vagen.eval.runner import episode_seeds
 from vagen.logging import read_metrics
-from vagen.rollout.validation import mean_interval
+from vagen.rollout.validation import Z_95, mean_interval
 from vagen.viz.plots import new_figure, save_figure
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -254,7 +254,6 @@ ARMS = {
     # length, all-fail groups no longer rank attempts by how little they moved
     "gigpo_solvecost": ["algorithm=gigpo", "trainer.lr=1e-4", STD, "++env.kwargs.step_penalty_on_solve=true"],
 }
-Z_95 = 1.959964
 
 
 def training_overrides(
@@ -381,7 +380,7 @@ def mean_band(records: list[dict], key: str) -> tuple[float, float, float]:
     values = [r[key] for r in records if key in r]
     if len(values) == 1 and key == "val/success":
         return values[0], records[0]["val/success_ci_low"], records[0]["val/success_ci_high"]
-    return mean_interval(values, Z_95)
+    return mean_interval(values)
 
 
 def plot_curves(runs: dict[tuple[str, int], Path], per_iteration: int, path: Path) -> Path:
