@@ -16,13 +16,14 @@ Options:
   at=N            the iteration of b's validations (-1, the default: the latest that every b run validated)
   at_a=N          the iteration of a's validations (-1, the default: as at; 0 where a is empty)
   greedy=true     compare the runs' greedy validations (each level played once, greedily: `trainer.eval_greedy`)
-                  instead of the sampled ones; run folders only
+                  instead of the sampled ones; run folders, and files that save= wrote from runs that had them
   by_distance=ENV also break the mean run's change down by each level's solver distance (the fewest moves from its
                   start, from configs/env/ENV.yaml's game): bins of neighbouring distances, each of at least
                   `min_levels` levels (16): is a gain one of the easy, the middle or the hard levels?
   save=FILE.json  also write the b runs' validations per level, every iteration of them, to FILE.json (a few tens of
-                  kB): a later comparison can then pair against these runs after their folders and checkpoints are
-                  gone (docs/runs/ keeps the ones docs/learning.md reports)
+                  kB), and their greedy ones where every b run has them: a later comparison can then pair against
+                  these runs after their folders and checkpoints are gone (docs/runs/ keeps the ones docs/learning.md
+                  reports)
 
 Examples:
   two arms at their budget:   a=out/armA-seed0,out/armA-seed1 b=out/armB-seed0,out/armB-seed1
@@ -102,35 +103,42 @@ def cell_validation(cell: Path) -> dict[int, dict[int, float]]:
     return {0: by_seed}
 
 
-def save_runs(runs: list[Run], path: Path) -> None:
+def save_runs(runs: list[Run], path: Path, greedy: list[Run] | None = None) -> None:
     """Write `runs` to `path` as JSON: per run, the held-out levels once and each validation's outcomes in their
-    order. Two runs of one name would be told apart by nothing, so that is refused."""
+    order; with `greedy` (the same runs' greedy validations, in the same order), those too. Two runs of one name would
+    be told apart by nothing, so that is refused."""
     names = [run.name for run in runs]
     if len(set(names)) != len(names):
         raise ValueError(f"save= would hold two runs of one name ({names}); save them to separate files.")
     saved = {}
-    for run in runs:
-        levels = sorted(set().union(*run.history.values()))
-        saved[run.name] = {
-            "levels": levels,
-            "history": {str(i): [run.history[i].get(k) for k in levels] for i in sorted(run.history)},
+    for index, run in enumerate(runs):
+        histories = {"history": run.history} | ({"greedy_history": greedy[index].history} if greedy else {})
+        levels = sorted(set().union(*(set().union(*h.values()) for h in histories.values())))
+        saved[run.name] = {"levels": levels} | {
+            key: {str(i): [history[i].get(k) for k in levels] for i in sorted(history)}
+            for key, history in histories.items()
         }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"format": SAVED_FORMAT, "runs": saved}, separators=(",", ":")) + "\n")
 
 
-def read_saved(path: Path) -> list[Run]:
-    """The runs a `save_runs` file holds, in their saved order."""
+def read_saved(path: Path, greedy: bool = False) -> list[Run]:
+    """The runs a `save_runs` file holds, in their saved order (with `greedy`, their greedy validations)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise ValueError(f"{path} cannot be read as runs saved by compare_runs.py save= ({error}).") from None
     if not isinstance(data, dict) or data.get("format") != SAVED_FORMAT:
         raise ValueError(f"{path} is not a file of compare_runs.py save= (no format {SAVED_FORMAT!r}).")
+    key = "greedy_history" if greedy else "history"
+    runs = data.get("runs")
+    if greedy and isinstance(runs, dict) and not all(isinstance(run, dict) and key in run for run in runs.values()):
+        raise ValueError(f"{path} keeps no greedy validations (its runs had none, or it was saved before save= "
+                         "kept them, 2026-12-06); compare its sampled ones, without greedy=true.")  # fmt: skip
     try:
         return [
-            Run(name, {int(i): level_outcomes(run["levels"], outcomes) for i, outcomes in run["history"].items()})
-            for name, run in data["runs"].items()
+            Run(name, {int(i): level_outcomes(run["levels"], outcomes) for i, outcomes in run[key].items()})
+            for name, run in runs.items()
         ]
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise ValueError(f"{path} is damaged: {error!r}; save it again from the run folders.") from None
@@ -142,8 +150,8 @@ def level_outcomes(levels: list[int], outcomes: list[float | None]) -> dict[int,
 
 
 def load_runs(text: str, greedy: bool = False) -> list[Run]:
-    """The runs of a comma-separated list of run folders, saved files and evaluate.py cells (with `greedy`, run
-    folders only)."""
+    """The runs of a comma-separated list of run folders, saved files and evaluate.py cells (with `greedy`, their greedy
+    validations: run folders and saved files only)."""
     runs = []
     for part in filter(None, text.split(",")):
         path = Path(part)
@@ -153,13 +161,18 @@ def load_runs(text: str, greedy: bool = False) -> list[Run]:
                                  "(greedy=true there) and compare without greedy=true.")  # fmt: skip
             runs.append(Run(f"{path.parent.name}/{path.name}", cell_validation(path)))
         elif path.suffix == ".json":
-            if greedy:
-                raise ValueError(f"{path}: a save= file keeps sampled validations only; name the run folders with "
-                                 "greedy=true.")  # fmt: skip
-            runs += read_saved(path)
+            runs += read_saved(path, greedy)
         else:
             runs.append(Run(path.name, validations(path, greedy)))
     return runs
+
+
+def kept_greedy(text: str) -> list[Run] | None:
+    """The greedy validations of `load_runs(text)`'s runs, or None where one of them has none (save= keeps them)."""
+    try:
+        return load_runs(text, greedy=True)
+    except ValueError:
+        return None
 
 
 def pick(run: Run, iteration: int) -> dict[int, float]:
@@ -256,8 +269,6 @@ def main(argv: list[str]) -> None:
 
     try:
         greedy = bool(options.greedy)
-        if greedy and options.save:
-            raise ValueError("save= keeps sampled validations only; save without greedy=true.")
         b = load_runs(options.b, greedy)
         if not options.a and any(is_cell(Path(part)) for part in options.b.split(",")):
             raise ValueError("an evaluate.py cell has no start of its own to compare with; give a= (e.g. the start's "
@@ -269,8 +280,10 @@ def main(argv: list[str]) -> None:
             distances = solver_distances(str(options.by_distance), levels)
         print(compare(a, b, int(options.at), int(options.at_a), distances, int(options.min_levels)))
         if options.save:
-            save_runs(b, Path(options.save))
-            print(f"\nsaved the b runs' validations to {options.save}")
+            greedy_runs = kept_greedy(options.b)
+            save_runs(load_runs(options.b), Path(options.save), greedy_runs)
+            kept = "validations and their greedy ones" if greedy_runs else "validations (they have no greedy ones)"
+            print(f"\nsaved the b runs' {kept} to {options.save}")
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -241,8 +241,14 @@ def test_run_validates_at_start_every_k_and_end_and_prints_the_held_out_line(tmp
     assert compare_runs.validations(run_dir, greedy=True) == state["greedy_history"]
     (greedy_run,) = compare_runs.load_runs(str(run_dir), greedy=True)
     assert greedy_run.history == state["greedy_history"]
-    with pytest.raises(ValueError, match="keeps sampled validations only"):
-        compare_runs.load_runs(str(tmp_path / "kept.json"), greedy=True)
+    # save= keeps both, so a file stands for the runs greedily too; one saved without greedy validations says so.
+    kept = tmp_path / "kept.json"
+    compare_runs.save_runs(compare_runs.load_runs(str(run_dir)), kept, compare_runs.kept_greedy(str(run_dir)))
+    assert compare_runs.load_runs(str(kept))[0].history == state["val_history"]
+    assert compare_runs.load_runs(str(kept), greedy=True)[0].history == state["greedy_history"]
+    compare_runs.save_runs(compare_runs.load_runs(str(run_dir)), kept)
+    with pytest.raises(ValueError, match="keeps no greedy validations"):
+        compare_runs.load_runs(str(kept), greedy=True)
 
 
 def test_compare_runs_pairs_each_pair_and_the_mean_run_by_level():
