@@ -280,8 +280,8 @@ def main(argv: list[str]) -> None:
             distances = solver_distances(str(options.by_distance), levels)
         print(compare(a, b, int(options.at), int(options.at_a), distances, int(options.min_levels)))
         if options.save:
-            greedy_runs = kept_greedy(options.b)
-            save_runs(load_runs(options.b), Path(options.save), greedy_runs)
+            greedy_runs = b if greedy else kept_greedy(options.b)  # the mode already loaded is not read again
+            save_runs(load_runs(options.b) if greedy else b, Path(options.save), greedy_runs)
             kept = "validations and their greedy ones" if greedy_runs else "validations (they have no greedy ones)"
             print(f"\nsaved the b runs' {kept} to {options.save}")
     except ValueError as error:
