@@ -46,8 +46,9 @@ def test_algorithm_presets_state_only_what_differs_from_the_base(preset):
 
 def test_the_demo_trains_the_visual_default_with_its_tuned_settings_and_validates_on_256_levels():
     """`python3 dev.py demo` runs `scripts/train.py` with DEMO's overrides: they compose and pass the checks that run
-    before any model loads, with the game's tuned settings (the anneal over the last quarter), and its budget is 9,984
-    episodes validated on 256 levels x 8 samples (the README's and the docs' numbers are for that)."""
+    before any model loads, with the game's tuned settings (the anneal over the last quarter, undiscounted step
+    returns), and its budget is 9,984 episodes validated on 256 levels x 8 samples (the README's and the docs' numbers
+    are for that)."""
 
     from test_trainer import config, repo_module
 
@@ -59,7 +60,7 @@ def test_the_demo_trains_the_visual_default_with_its_tuned_settings_and_validate
     cfg = config(step[1:])
     validate_config(cfg)
     assert (cfg.env.name, cfg.model.name, cfg.algorithm.name) == ("frozenlake_visual", "tiny_vl_holes", "gigpo")
-    assert (cfg.trainer.lr_schedule, cfg.trainer.lr_decay_start) == ("linear", 0.75)
+    assert (cfg.trainer.lr_schedule, cfg.trainer.lr_decay_start, cfg.algorithm.gamma_turn) == ("linear", 0.75, 1.0)
     assert cfg.trainer.iterations * cfg.trainer.groups * cfg.trainer.group_size == 9984
     assert cfg.trainer.eval_episodes == 256 and cfg.trainer.eval_samples == 8
     assert cfg.trainer.iterations % cfg.trainer.eval_every == 0
