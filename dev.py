@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Set up VAGEN in ./.venv and run something, with nothing but Python 3.10+ on the machine.
 
-    python3 dev.py demo   # set up, then train tiny_vl_holes on frozenlake_visual for 9,984 episodes (~18 min)
+    python3 dev.py demo   # set up, then train tiny_vl_holes on frozenlake_visual for 9,984 episodes (~17 min)
     python3 dev.py test   # set up (with dev tools), then run ruff and the whole test suite
 
 Installing is skipped when .venv already holds an install of the current pyproject.toml.
