@@ -195,6 +195,13 @@ ARMS = {
         "trainer.lr_schedule=linear",
         "trainer.lr_decay_start=0.75",
     ],
+    # frozenlake_visual's default since 2026-12-07: the anneal with GiGPO's step returns undiscounted across turns
+    "gigpo_meannorm_anneal_gamma1": [
+        *MEANNORM,
+        "trainer.lr_schedule=linear",
+        "trainer.lr_decay_start=0.75",
+        "algorithm.gamma_turn=1.0",
+    ],
     # the defaults' learning rate decayed linearly from twice its value to 0 over the whole budget (the same mean lr,
     # 1e-4): FrozenLake's curve levels off by 5,000 episodes at the constant lr and its last-quarter anneal adds +2;
     # a decay over the whole run spends the larger steps early and the noise-averaging small ones longer

@@ -424,7 +424,8 @@ def test_bench_learning_refuses_to_train_with_another_checkouts_code(monkeypatch
 
 
 @pytest.mark.parametrize(
-    "env, arm", [("sokoban_visual", "gigpo_meannorm_freeze_vision_sft"), ("frozenlake_visual", "gigpo_meannorm_anneal")]
+    "env, arm",
+    [("sokoban_visual", "gigpo_meannorm_freeze_vision_sft"), ("frozenlake_visual", "gigpo_meannorm_anneal_gamma1")],
 )
 def test_the_image_games_defaults_are_the_arm_measured_best(env, arm):
     """`scripts/train.py env=<game>` (train.yaml plus configs/tuned/) trains exactly as the benchmark arm that
