@@ -67,6 +67,8 @@ LR_2E5, STD = "trainer.lr=2e-5", "algorithm.normalize_std=true"
 MEANNORM = ["algorithm=gigpo", "trainer.lr=1e-4", "algorithm.normalize_std=false"]
 # the defaults with the vision tower fixed, and the base of the arms that add to it
 FREEZE_VISION = [*MEANNORM, "trainer.freeze_vision=true"]
+# the learning rate annealed linearly to 0 over the last quarter of the budget (the benchmark ends the decay at it)
+ANNEAL = ["trainer.lr_schedule=linear", "trainer.lr_decay_start=0.75"]
 ARMS = {
     "grpo": ["algorithm=grpo", LR_2E5],
     "gigpo": ["algorithm=gigpo", LR_2E5, STD],
@@ -183,25 +185,11 @@ ARMS = {
     # the KL arm with its learning rate annealed linearly to 0 over the last quarter of the budget (the benchmark ends
     # the decay at its budget; at 9,984 episodes iterations 117-156): before that it trains as the KL arm.
     # Annealing the KL arm's last 3,400 of 14,976 episodes gained +2.7 points paired (docs/learning.md)
-    "gigpo_meannorm_freeze_vision_kl_anneal": [
-        *FREEZE_VISION,
-        "algorithm.kl_coef=0.05",
-        "trainer.lr_schedule=linear",
-        "trainer.lr_decay_start=0.75",
-    ],
+    "gigpo_meannorm_freeze_vision_kl_anneal": [*FREEZE_VISION, "algorithm.kl_coef=0.05", *ANNEAL],
     # the defaults with the same anneal (FrozenLake's best arm at 9,984 episodes is the defaults, not the KL arm)
-    "gigpo_meannorm_anneal": [
-        *MEANNORM,
-        "trainer.lr_schedule=linear",
-        "trainer.lr_decay_start=0.75",
-    ],
+    "gigpo_meannorm_anneal": [*MEANNORM, *ANNEAL],
     # frozenlake_visual's default since 2026-12-07: the anneal with GiGPO's step returns undiscounted across turns
-    "gigpo_meannorm_anneal_gamma1": [
-        *MEANNORM,
-        "trainer.lr_schedule=linear",
-        "trainer.lr_decay_start=0.75",
-        "algorithm.gamma_turn=1.0",
-    ],
+    "gigpo_meannorm_anneal_gamma1": [*MEANNORM, *ANNEAL, "algorithm.gamma_turn=1.0"],
     # the defaults' learning rate decayed linearly from twice its value to 0 over the whole budget (the same mean lr,
     # 1e-4): FrozenLake's curve levels off by 5,000 episodes at the constant lr and its last-quarter anneal adds +2;
     # a decay over the whole run spends the larger steps early and the noise-averaging small ones longer
@@ -215,24 +203,14 @@ ARMS = {
     # FrozenLake's default (the anneal) with two passes over each batch instead of one: four optimizer steps per
     # 64 episodes instead of two, the second pass clipped against the rollout's log-probs: each episode of the budget
     # is trained on twice (PPO's own data reuse; every arm above makes one pass)
-    "gigpo_meannorm_anneal_e2": [
-        *MEANNORM,
-        "trainer.lr_schedule=linear",
-        "trainer.lr_decay_start=0.75",
-        "trainer.ppo_epochs=2",
-    ],
+    "gigpo_meannorm_anneal_e2": [*MEANNORM, *ANNEAL, "trainer.ppo_epochs=2"],
     # the defaults trained at the validation's temperature: the update then raises the success of the very policy that
     # is measured (softmax(logits / 0.5)), not of the T=1 policy, whose first gain, sharpening, T=0.5 already has
     "gigpo_meannorm_t0.5": [*MEANNORM, "rollout.temperature=0.5"],
     "gigpo_meannorm_plr": [*MEANNORM, "trainer.level_sampler=plr"],
     # FrozenLake's best arm (the anneal) with prioritised level replay: its curve stops at about 5,000 episodes as the
     # groups whose 8 episodes agree rise from 4 to 5.4 of 8; replaying the levels whose groups varied keeps signal
-    "gigpo_meannorm_anneal_plr": [
-        *MEANNORM,
-        "trainer.lr_schedule=linear",
-        "trainer.lr_decay_start=0.75",
-        "trainer.level_sampler=plr",
-    ],
+    "gigpo_meannorm_anneal_plr": [*MEANNORM, *ANNEAL, "trainer.level_sampler=plr"],
     # new levels kept most at the solver distances where the policy's success is nearest 50% (levels.FrontierSampler)
     "gigpo_meannorm_frontier": [*MEANNORM, "trainer.level_sampler=frontier"],
     # RAGEN's SNR filter with the defaults: roll 8 groups out, train on the smallest set of highest-spread groups that
