@@ -69,6 +69,37 @@ def test_validation_with_several_samples_per_level_keeps_sample_0_and_pairs_by_l
     assert (val["val/success_ci_low"], val["val/success_ci_high"]) == wilson_interval(sum(by_level.values()), 8)
 
 
+def test_validation_plays_at_most_an_iterations_rollout_batch_at_once_and_the_same_episodes(monkeypatch):
+    """The trainer's validation plays `trainer.groups` × `trainer.group_size` episodes at a time (whole levels), as the
+    memory plan counts the engine's kept dialogues; the episodes are token for token those of one batch."""
+    import vagen.rollout.validation as validation
+
+    cfg = config([*TEXT, "trainer.eval_episodes=5", "trainer.eval_samples=2", "rollout.temperature=1.0"])
+    learner = StarPOTrainer(cfg).learner
+    batches, collect = [], validation.collect_rollouts
+
+    def counted(make, engine, formatter, spec, sampling):
+        batches.append(len(spec.group_seeds) * spec.group_size)
+        return collect(make, engine, formatter, spec, sampling)
+
+    monkeypatch.setattr(validation, "collect_rollouts", counted)
+    chunked = learner.play_held_out(range(5))
+    assert batches == [4, 4, 2]  # groups 2 × group_size 2 = 4 episodes: 2 levels × 2 samples, twice, then 1 level
+    whole = validation.validation_episodes(
+        lambda: make_env(cfg.env.id, **cfg.env.kwargs),
+        learner.engine,
+        learner.formatter,
+        episodes=range(5),
+        temperature=cfg.trainer.eval_temperature,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        max_context_tokens=cfg.rollout.max_context_tokens,
+        env_name=cfg.env.name,
+        samples=2,
+    )
+    assert [t.seed for t in chunked] == [t.seed for t in whole] == [seed for seed in eval_seeds(5) for _ in range(2)]
+    assert [t.token_ids_and_mask() for t in chunked] == [t.token_ids_and_mask() for t in whole]
+
+
 def test_greedy_validation_plays_each_level_once_by_the_argmax_and_keeps_its_outcomes():
     """trainer.eval_greedy=true: each validation also plays every held-out level once, every sampled token the
     model's argmax given the dialogue before it (teacher-forced check), as `val/greedy_success` and, by level, in

@@ -128,20 +128,27 @@ def validation_episodes(
     max_context_tokens: int,
     env_name: str = "",
     samples: int = 1,
+    batch_episodes: int | None = None,
 ) -> list[Trajectory]:
     """Play evaluation episodes `episodes` (e.g. range(64), or a worker's range(32, 64)): episode k on seed
     `EVAL_SEED_BASE + k`, as group k, `samples` times. Sampling uses a fixed seed and each episode's own stream, so
     validating the same weights gives the same episodes however they are split, and sample 0 is the episode that
-    `samples=1` plays."""
-    spec = RolloutSpec(
-        group_seeds=eval_seeds(len(episodes), episodes.start),
-        group_size=samples,
-        max_context_tokens=max_context_tokens,
-        env_name=env_name,
-        first_group_id=episodes.start,
-    )
+    `samples=1` plays. `batch_episodes` caps the episodes played at once (whole levels, at least one; None: all), and
+    with them the dialogues whose keys and values the engine keeps between turns."""
+    levels = max(1, batch_episodes // samples if batch_episodes else len(episodes))
     sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=VALIDATION_SAMPLING_SEED)
-    return collect_rollouts(make_env, engine, formatter, spec, sampling)
+    trajectories = []
+    for start in range(episodes.start, episodes.stop, levels):
+        part = range(start, min(start + levels, episodes.stop))
+        spec = RolloutSpec(
+            group_seeds=eval_seeds(len(part), part.start),
+            group_size=samples,
+            max_context_tokens=max_context_tokens,
+            env_name=env_name,
+            first_group_id=part.start,
+        )
+        trajectories += collect_rollouts(make_env, engine, formatter, spec, sampling)
+    return trajectories
 
 
 def success_by_level(trajectories: list[Trajectory]) -> dict[int, float]:

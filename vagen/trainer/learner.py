@@ -289,7 +289,9 @@ class Learner:
 
     def play_held_out(self, episodes: range, greedy: bool = False) -> list[Trajectory]:
         """Play held-out episodes `episodes` (all of them, or a worker's share) with the evaluator's sampling
-        (`trainer.eval_temperature`, `trainer.eval_samples` per level), or greedy: once per level, greedily."""
+        (`trainer.eval_temperature`, `trainer.eval_samples` per level), or greedy: once per level, greedily; at most
+        an iteration's rollout batch (`trainer.groups` × `trainer.group_size` episodes) at once, as the memory plan
+        counts the engine's kept dialogues."""
         trainer, env_cfg = self.cfg.trainer, self.cfg.env
         return validation_episodes(
             self._make_env,
@@ -301,6 +303,7 @@ class Learner:
             max_context_tokens=self.cfg.rollout.max_context_tokens,
             env_name=env_cfg.name,
             samples=1 if greedy else trainer.eval_samples,
+            batch_episodes=trainer.groups * trainer.group_size,
         )
 
     def _make_env(self) -> Any:

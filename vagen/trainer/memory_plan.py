@@ -32,7 +32,8 @@ H hidden, I MLP width, kv = kv_heads·head_dim, V vocabulary.
                (`attention_matrix=True`); SDPA (flash / memory-efficient on GPU, the CPU kernel) does not.
   kv_cache     2·L·kv·tokens·w          generation with the hf engine: tokens = (batch + kept) × s (batch = rollout
                                         batch, or engine_kwargs.max_batch_size; kept = the rollout batch, whose last
-                                        turn the engine keeps for the next, with engine_kwargs.keep_cache, else 0)
+                                        turn the engine keeps for the next, with engine_kwargs.keep_cache, else 0;
+                                        validation plays the held-out episodes in slices of the rollout batch)
   vllm         util × device memory     vLLM reserves `gpu_memory_utilization` of the device for itself (its weights
                                         and KV cache) for the whole run; it does not sleep between rollouts here
 
