@@ -19,6 +19,9 @@ player"), each from the shipped tiny_text unless `model=<folder>`:
         FrozenLake boards a step; cells_coef=0 is its control. With cells_steps, first that many steps of the cell
         labels alone, training only the embeddings and the layers below `cells_layer` (`pretrain_cells`), and with
         freeze_below=true those stay fixed through the SFT steps, as tiny_vl's vision tower does
+    python research/text_hole_reading.py mode=mixed steps=300 lr=5e-4 reading_coef=0 neighbours=true out=<folder>
+        the same continuation with the board's neighbour embeddings added at zero first (`with_neighbours`: each cell's
+        token also carries the symbols above, below, left and right of it), as a vision tower's patch does
 """
 
 from __future__ import annotations
@@ -37,13 +40,14 @@ from vagen.bootstrap.demos import demonstrations, sft_batch
 from vagen.bootstrap.tiny_text import board_example, board_reading_loss, make_text_game, noisy_play
 from vagen.bootstrap.warmstart import backward_sft_batch, lr_factor, probe_labels
 from vagen.env.policies import RELATIVE_DIRECTIONS
+from vagen.models.board_lm import with_neighbours
 from vagen.rollout import DialogueFormatter
 from vagen.rollout.validation import eval_seeds
 
 SHIPPED = "vagen/bootstrap/shipped/warm-tiny-text-default-seed0"
 DEFAULTS = {"mode": "probe", "model": SHIPPED, "levels": 256, "steps": 1500, "lr": 1e-3, "reading_coef": 1.0,
-            "cells_coef": 0.0, "cells_layer": 2, "cells_steps": 0, "cells_lr": 1e-3, "freeze_below": "false", "seed": 0,
-            "out": None, "threads": 1}  # fmt: skip
+            "cells_coef": 0.0, "cells_layer": 2, "cells_steps": 0, "cells_lr": 1e-3, "freeze_below": "false",
+            "neighbours": "false", "seed": 0, "out": None, "threads": 1}  # fmt: skip
 
 
 def reading_boards(tokenizer, levels, rng: np.random.Generator) -> list[tuple[tuple[list[int], int], str, np.ndarray]]:
@@ -157,6 +161,8 @@ def main(args: dict) -> None:
     torch.set_num_threads(int(args["threads"]))
     tokenizer = AutoTokenizer.from_pretrained(args["model"])
     model = AutoModelForCausalLM.from_pretrained(args["model"])
+    if str(args["neighbours"]).lower() == "true":
+        model = with_neighbours(model)
     if args["mode"] == "probe":
         return probe(model.eval(), tokenizer, int(args["levels"]))
     steps, lr, started = int(args["steps"]), float(args["lr"]), time.time()

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from vagen.bootstrap.tiny import load_tiny_text_lm
 from vagen.bootstrap.tiny_text import TEXT_GAMES, board_examples, board_of, build_tiny_text, make_text_game
-from vagen.models.board_lm import BoardQwen2ForCausalLM
+from vagen.models.board_lm import BoardQwen2ForCausalLM, with_neighbours
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +79,74 @@ def test_board_positions_change_the_embedding_only_on_cells_and_survive_saving(t
     assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()  # still tied
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
+
+
+@pytest.mark.parametrize("game", ["sokoban_text", "frozenlake_text"])
+def test_board_neighbours_are_each_cells_four_neighbours_added_at_zero(tokenizer, model, game, tmp_path):
+    """`with_neighbours`: each user-board cell sees the symbols above, below, left and right of it (none past an edge),
+    the model's outputs do not change until the tables train, and decoding still embeds as the full forward."""
+    text, board = dialogue(tokenizer, game, seed=3)
+    ids = torch.tensor([tokenizer(text)["input_ids"]])
+    wide = with_neighbours(model).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(wide(ids).logits, model(ids).logits, rtol=0, atol=0)
+    rows, cols, neighbours = wide.model.embed_tokens.board(ids)
+    cells = wide.config.board_cell_ids
+    grid = [[1 + cells.index(tokenizer(ch)["input_ids"][0]) for ch in line] for line in board.split("\n")]
+
+    def at(r, c):  # 0-based; 0 past the edge
+        return grid[r][c] if 0 <= r < len(grid) and 0 <= c < len(grid[r]) else 0
+
+    found = {(int(r), int(c)): n.tolist() for r, c, n in zip(rows[0], cols[0], neighbours[0], strict=True) if r}
+    expected = {(r + 1, c + 1): [at(r - 1, c), at(r + 1, c), at(r, c - 1), at(r, c + 1)]
+                for r in range(len(grid)) for c in range(len(grid[r]))}  # fmt: skip
+    assert found == expected
+    assert not neighbours[0][rows[0] == 0].any()
+
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for table in wide.model.embed_tokens.neighbour:
+            table.weight[1:].normal_(0, 0.5)
+        changed = wide(ids).logits
+    assert not torch.allclose(changed, model(ids).logits)
+    prompt = ids.shape[1] - 12
+    with torch.no_grad():
+        out = wide(ids[:, :prompt], use_cache=True)
+        steps = [out.logits[0, -1]]
+        for j in range(prompt, ids.shape[1]):
+            out = wide(ids[:, j : j + 1], past_key_values=out.past_key_values, use_cache=True)
+            steps.append(out.logits[0, -1])
+    torch.testing.assert_close(torch.stack(steps), changed[0, prompt - 1 :], rtol=1e-4, atol=1e-5)
+    wide.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert loaded.config.board_neighbours
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, changed)
+
+
+def test_a_board_model_with_neighbours_samples_what_the_full_dialogue_scores(model, tokenizer):
+    """Over turns (each next turn prefilled from the kept keys and values), the engine's log-probs of a neighbour
+    model are those of one forward over the whole dialogue, as the update scores it."""
+    from vagen.engines import HFEngine, SamplingParams
+    from vagen.env import make_env
+    from vagen.rollout import DialogueFormatter, RolloutSpec, collect_rollouts
+
+    wide = with_neighbours(model).eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for table in wide.model.embed_tokens.neighbour:
+            table.weight[1:].normal_(0, 0.5)
+    spec = RolloutSpec(group_seeds=[3, 4], group_size=2, max_context_tokens=2048)
+    make = lambda: make_env("vagen/FrozenLake-v0", observation="text", max_turns=3)
+    sampling = SamplingParams(max_new_tokens=12, temperature=1.0, seed=7)
+    trajectories = collect_rollouts(make, HFEngine(wide, tokenizer), DialogueFormatter(tokenizer), spec, sampling)
+    assert max(len(t.turns) for t in trajectories) >= 2
+    for trajectory in trajectories:
+        ids, mask = trajectory.token_ids_and_mask()
+        with torch.no_grad():
+            logprobs = torch.log_softmax(wide(torch.tensor([ids])).logits[0, :-1], -1)
+        scored = [logprobs[j - 1, ids[j]].item() for j in range(1, len(ids)) if mask[j]]
+        np.testing.assert_allclose(scored, trajectory.sampled_logprobs(), atol=1e-4)
 
 
 def test_vllm_refuses_a_board_model_with_the_fix(tokenizer, model, tmp_path):

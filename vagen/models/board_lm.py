@@ -6,6 +6,12 @@ A text board reaches a plain causal LM as one line of cell tokens after another,
 the model to count tokens back to the line the player is on. Here every board cell's input embedding gets a learned
 row embedding and column embedding added, so the player's token itself carries where it is.
 
+A causal LM cannot put what lies below or to the right of a cell on that cell's token: those cells come later in the
+sequence (docs/learning.md, "The text default has the same gap"). A vision tower attends both ways. With
+`board_neighbours`, every board cell's embedding also gets an embedding of each of its four neighbours' symbols
+(up / down / left / right, zero where there is none): the player's token carries "a hole below me" as an image patch
+can. `with_neighbours` adds these tables to a trained model at zero, which leaves its outputs unchanged.
+
 Which tokens are board cells is decided from the token ids alone (`board_positions`): a line (between newlines or
 special tokens) of at least two cell tokens (`board_cell_ids`: the grid symbols, one token each with tiny_text's
 tokenizer) inside a user message; consecutive such lines are one board, rows and columns count from 1, and every
@@ -36,6 +42,7 @@ class BoardQwen2Config(Qwen2Config):
         im_start_id: int | None = None,
         user_id: int | None = None,
         board_max_side: int = 32,
+        board_neighbours: bool = False,
         **kwargs,
     ):
         self.board_cell_ids = list(board_cell_ids or [])
@@ -43,6 +50,7 @@ class BoardQwen2Config(Qwen2Config):
         self.im_start_id = im_start_id
         self.user_id = user_id
         self.board_max_side = board_max_side
+        self.board_neighbours = board_neighbours
         super().__init__(**kwargs)
 
 
@@ -63,30 +71,44 @@ def board_config(config: Qwen2Config, tokenizer, cell_pattern: str, max_side: in
     )
 
 
+NEIGHBOURS = ("up", "down", "left", "right")
+
+
 def board_positions(
     ids: np.ndarray, is_cell: np.ndarray, is_break: np.ndarray, im_start_id: int, user_id: int, max_side: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, cols) of every token of `ids` [B, T]: 1-based inside a board of a user message, 0 elsewhere."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, cols) of every token of `ids` [B, T]: 1-based inside a board of a user message, 0 elsewhere; and
+    (B, T, 4) the token ids of each board cell's neighbours up / down / left / right in its board, -1 where there is
+    none (an edge, a shorter row, or not a cell)."""
     rows, cols = np.zeros(ids.shape, np.int64), np.zeros(ids.shape, np.int64)
+    neighbours = np.full((*ids.shape, len(NEIGHBOURS)), -1, np.int64)
     for b, sequence in enumerate(ids):
         cell = is_cell[sequence]
-        in_user, start, row = False, 0, 0
+        in_user, start, row, above = False, 0, 0, (0, 0)
         for end in np.flatnonzero(is_break[sequence]):
             width = end - start
             if in_user and 2 <= width <= max_side and row < max_side and cell[start:end].all():
                 row += 1
                 rows[b, start:end] = row
                 cols[b, start:end] = np.arange(1, width + 1)
+                line = neighbours[b, start:end]
+                line[1:, 2], line[:-1, 3] = sequence[start : end - 1], sequence[start + 1 : end]
+                if row > 1:  # the row above, over the columns both rows have
+                    n = min(width, above[1])
+                    line[:n, 0] = sequence[above[0] : above[0] + n]
+                    neighbours[b, above[0] : above[0] + n, 1] = sequence[start : start + n]
+                above = (start, width)
             else:
                 row = 0
             if sequence[end] == im_start_id:
                 in_user = end + 1 < len(sequence) and sequence[end + 1] == user_id
             start = end + 1
-    return rows, cols
+    return rows, cols, neighbours
 
 
 class BoardEmbedding(nn.Embedding):
-    """The token embedding plus, on board cells, a row and a column embedding (index 0, off the board, is zero)."""
+    """The token embedding plus, on board cells, a row and a column embedding (index 0, off the board, is zero), and
+    with `board_neighbours` an embedding of each neighbour's symbol per side (`neighbour[side]`, index 0: none)."""
 
     def __init__(self, config: BoardQwen2Config):
         super().__init__(config.vocab_size, config.hidden_size, config.pad_token_id)
@@ -98,18 +120,31 @@ class BoardEmbedding(nn.Embedding):
         self.is_break = np.zeros(config.vocab_size, dtype=bool)
         self.is_break[config.board_break_ids] = True
         self.ids = (config.im_start_id, config.user_id, side)
+        self.symbol = np.zeros(config.vocab_size + 1, dtype=np.int64)  # token id -> 1 + its cell symbol; [-1]: none
+        self.symbol[config.board_cell_ids] = np.arange(1, len(config.board_cell_ids) + 1)
+        if getattr(config, "board_neighbours", False):
+            symbols = len(config.board_cell_ids) + 1
+            self.neighbour = nn.ModuleList(nn.Embedding(symbols, config.hidden_size, padding_idx=0) for _ in NEIGHBOURS)
+
+    def board(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(rows, cols, the neighbours' symbols (B, T, 4)) of `input_ids` [B, T] (`board_positions`), on their
+        device."""
+        rows, cols, neighbours = board_positions(input_ids.cpu().numpy(), self.is_cell, self.is_break, *self.ids)
+        return tuple(torch.from_numpy(x).to(input_ids.device) for x in (rows, cols, self.symbol[neighbours]))
 
     def positions(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows, cols) of `input_ids` [B, T] (`board_positions`), on their device."""
-        rows, cols = board_positions(input_ids.cpu().numpy(), self.is_cell, self.is_break, *self.ids)
-        return torch.from_numpy(rows).to(input_ids.device), torch.from_numpy(cols).to(input_ids.device)
+        return self.board(input_ids)[:2]
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         embeddings = super().forward(input_ids)
         if input_ids.shape[-1] < 2:  # a decode step: a response token, never a board cell
             return embeddings
-        rows, cols = self.positions(input_ids)
-        return embeddings + self.row(rows) + self.col(cols)
+        rows, cols, neighbours = self.board(input_ids)
+        embeddings = embeddings + self.row(rows) + self.col(cols)
+        for side, table in enumerate(getattr(self, "neighbour", ())):
+            embeddings = embeddings + table(neighbours[..., side])
+        return embeddings
 
 
 class BoardQwen2ForCausalLM(Qwen2ForCausalLM):
@@ -121,6 +156,20 @@ class BoardQwen2ForCausalLM(Qwen2ForCausalLM):
         super().__init__(config)
         self.model.embed_tokens = BoardEmbedding(config)
         self.post_init()
+
+
+def with_neighbours(model: BoardQwen2ForCausalLM) -> BoardQwen2ForCausalLM:
+    """`model` (a copy) with `board_neighbours` on and its neighbour tables at zero: the same outputs as `model`, and
+    a cell's neighbours one linear map away for training to use."""
+    given = {k: v for k, v in model.config.to_dict().items() if k not in ("model_type", "architectures")}
+    config = BoardQwen2Config(**{**given, "board_neighbours": True})
+    wider = BoardQwen2ForCausalLM(config)
+    missing, unexpected = wider.load_state_dict(model.state_dict(), strict=False)
+    assert not unexpected and all(".neighbour." in key for key in missing), (missing, unexpected)
+    with torch.no_grad():
+        for table in wider.model.embed_tokens.neighbour:
+            table.weight.zero_()
+    return wider
 
 
 AutoConfig.register(BoardQwen2Config.model_type, BoardQwen2Config)
