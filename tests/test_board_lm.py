@@ -90,7 +90,8 @@ def test_board_neighbours_are_each_cells_four_neighbours_added_at_zero(tokenizer
     wide = with_neighbours(model).eval()
     with torch.no_grad():
         torch.testing.assert_close(wide(ids).logits, model(ids).logits, rtol=0, atol=0)
-    rows, cols, neighbours = wide.model.embed_tokens.board(ids)
+    rows, cols = wide.model.embed_tokens.positions(ids)
+    neighbours = wide.model.embed_tokens.neighbour_symbols(ids, rows, cols)
     cells = wide.config.board_cell_ids
     grid = [[1 + cells.index(tokenizer(ch)["input_ids"][0]) for ch in line] for line in board.split("\n")]
 

@@ -76,34 +76,41 @@ NEIGHBOURS = ("up", "down", "left", "right")
 
 def board_positions(
     ids: np.ndarray, is_cell: np.ndarray, is_break: np.ndarray, im_start_id: int, user_id: int, max_side: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(rows, cols) of every token of `ids` [B, T]: 1-based inside a board of a user message, 0 elsewhere; and
-    (B, T, 4) the token ids of each board cell's neighbours up / down / left / right in its board, -1 where there is
-    none (an edge, a shorter row, or not a cell)."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, cols) of every token of `ids` [B, T]: 1-based inside a board of a user message, 0 elsewhere."""
     rows, cols = np.zeros(ids.shape, np.int64), np.zeros(ids.shape, np.int64)
-    neighbours = np.full((*ids.shape, len(NEIGHBOURS)), -1, np.int64)
     for b, sequence in enumerate(ids):
         cell = is_cell[sequence]
-        in_user, start, row, above = False, 0, 0, (0, 0)
+        in_user, start, row = False, 0, 0
         for end in np.flatnonzero(is_break[sequence]):
             width = end - start
             if in_user and 2 <= width <= max_side and row < max_side and cell[start:end].all():
                 row += 1
                 rows[b, start:end] = row
                 cols[b, start:end] = np.arange(1, width + 1)
-                line = neighbours[b, start:end]
-                line[1:, 2], line[:-1, 3] = sequence[start : end - 1], sequence[start + 1 : end]
-                if row > 1:  # the row above, over the columns both rows have
-                    n = min(width, above[1])
-                    line[:n, 0] = sequence[above[0] : above[0] + n]
-                    neighbours[b, above[0] : above[0] + n, 1] = sequence[start : start + n]
-                above = (start, width)
             else:
                 row = 0
             if sequence[end] == im_start_id:
                 in_user = end + 1 < len(sequence) and sequence[end + 1] == user_id
             start = end + 1
-    return rows, cols, neighbours
+    return rows, cols
+
+
+def board_neighbours(ids: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """(B, T, 4): the token ids of each board cell's neighbours up / down / left / right in its board (`rows`, `cols`
+    from `board_positions`; a board starts at each row 1, col 1), -1 where there is none (an edge, a shorter row, or
+    not a cell)."""
+    neighbours = np.full((*ids.shape, len(NEIGHBOURS)), -1, np.int64)
+    for b in range(ids.shape[0]):
+        at = np.flatnonzero(rows[b])
+        if not len(at):
+            continue
+        board, r, c = np.cumsum((rows[b] == 1) & (cols[b] == 1))[at], rows[b, at], cols[b, at]
+        grid = np.full((board[-1] + 1, r.max() + 2, c.max() + 2), -1, np.int64)  # one cell of margin on each side
+        grid[board, r, c] = ids[b, at]
+        neighbours[b, at] = np.stack([grid[board, r - 1, c], grid[board, r + 1, c], grid[board, r, c - 1],
+                                      grid[board, r, c + 1]], -1)  # fmt: skip
+    return neighbours
 
 
 class BoardEmbedding(nn.Embedding):
@@ -120,30 +127,34 @@ class BoardEmbedding(nn.Embedding):
         self.is_break = np.zeros(config.vocab_size, dtype=bool)
         self.is_break[config.board_break_ids] = True
         self.ids = (config.im_start_id, config.user_id, side)
-        self.symbol = np.zeros(config.vocab_size + 1, dtype=np.int64)  # token id -> 1 + its cell symbol; [-1]: none
-        self.symbol[config.board_cell_ids] = np.arange(1, len(config.board_cell_ids) + 1)
-        if getattr(config, "board_neighbours", False):
+        self.neighbour = None
+        if config.board_neighbours:
+            self.symbol = np.zeros(config.vocab_size + 1, dtype=np.int64)  # token id -> 1 + its symbol; [-1]: none
+            self.symbol[config.board_cell_ids] = np.arange(1, len(config.board_cell_ids) + 1)
             symbols = len(config.board_cell_ids) + 1
             self.neighbour = nn.ModuleList(nn.Embedding(symbols, config.hidden_size, padding_idx=0) for _ in NEIGHBOURS)
 
-    def board(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(rows, cols, the neighbours' symbols (B, T, 4)) of `input_ids` [B, T] (`board_positions`), on their
-        device."""
-        rows, cols, neighbours = board_positions(input_ids.cpu().numpy(), self.is_cell, self.is_break, *self.ids)
-        return tuple(torch.from_numpy(x).to(input_ids.device) for x in (rows, cols, self.symbol[neighbours]))
-
     def positions(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows, cols) of `input_ids` [B, T] (`board_positions`), on their device."""
-        return self.board(input_ids)[:2]
+        rows, cols = board_positions(input_ids.cpu().numpy(), self.is_cell, self.is_break, *self.ids)
+        return torch.from_numpy(rows).to(input_ids.device), torch.from_numpy(cols).to(input_ids.device)
+
+    def neighbour_symbols(self, input_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """(B, T, 4): 1 + the symbol of each board cell's neighbour up / down / left / right (`board_neighbours`), 0
+        where there is none; on `input_ids`' device."""
+        found = board_neighbours(input_ids.cpu().numpy(), rows.cpu().numpy(), cols.cpu().numpy())
+        return torch.from_numpy(self.symbol[found]).to(input_ids.device)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         embeddings = super().forward(input_ids)
         if input_ids.shape[-1] < 2:  # a decode step: a response token, never a board cell
             return embeddings
-        rows, cols, neighbours = self.board(input_ids)
+        rows, cols = self.positions(input_ids)
         embeddings = embeddings + self.row(rows) + self.col(cols)
-        for side, table in enumerate(getattr(self, "neighbour", ())):
-            embeddings = embeddings + table(neighbours[..., side])
+        if self.neighbour is not None:
+            symbols = self.neighbour_symbols(input_ids, rows, cols)
+            for side, table in enumerate(self.neighbour):
+                embeddings = embeddings + table(symbols[..., side])
         return embeddings
 
 
