@@ -22,6 +22,10 @@ player"), each from the shipped tiny_text unless `model=<folder>`:
     python research/text_hole_reading.py mode=mixed steps=300 lr=5e-4 reading_coef=0 neighbours=true out=<folder>
         the same continuation with the board's neighbour embeddings added at zero first (`with_neighbours`: each cell's
         token also carries the symbols above, below, left and right of it), as a vision tower's patch does
+    python research/text_hole_reading.py mode=mixed neighbours=true cells_steps=1000 cells_params=neighbours \
+            cells_lr=1e-2 cells_layer=4 cells_coef=1 steps=300 lr=5e-4 reading_coef=0 out=<folder>
+        the cell labels read after every layer, first by the neighbour tables alone (the rest fixed), then kept
+        through the SFT
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from vagen.rollout.validation import eval_seeds
 SHIPPED = "vagen/bootstrap/shipped/warm-tiny-text-default-seed0"
 DEFAULTS = {"mode": "probe", "model": SHIPPED, "levels": 256, "steps": 1500, "lr": 1e-3, "reading_coef": 1.0,
             "cells_coef": 0.0, "cells_layer": 2, "cells_steps": 0, "cells_lr": 1e-3, "freeze_below": "false",
-            "neighbours": "false", "seed": 0, "out": None, "threads": 1}  # fmt: skip
+            "neighbours": "false", "cells_params": "below", "seed": 0, "out": None, "threads": 1}  # fmt: skip
 
 
 def reading_boards(tokenizer, levels, rng: np.random.Generator) -> list[tuple[tuple[list[int], int], str, np.ndarray]]:
@@ -102,11 +106,21 @@ def parameters_below(model, layer: int) -> list[torch.nn.Parameter]:
     return [*model.get_input_embeddings().parameters(), *model.model.layers[:layer].parameters()]
 
 
+def cell_parameters(model, layer: int, which: str) -> list[torch.nn.Parameter]:
+    """What the cell labels alone train: `below` (`parameters_below`) or `neighbours` (the neighbour tables only, the
+    rest of the model fixed, so the labels can only be carried by what the tables add)."""
+    if which == "neighbours":
+        assert model.get_input_embeddings().neighbour is not None, "cells_params=neighbours needs neighbours=true"
+        return list(model.get_input_embeddings().neighbour.parameters())
+    assert which == "below", f"cells_params={which}: expected below or neighbours"
+    return parameters_below(model, layer)
+
+
 def pretrain_cells(model, head: torch.nn.Linear, layer: int, boards, held_out, args: dict, pad_id: int) -> None:
     """`cells_steps` steps of the cell labels alone (32 boards a step, AdamW at `cells_lr`), training only what is
-    below `layer` (`parameters_below`) and the head: the text analogue of tiny_vl's vision pre-training, which trains
-    the vision tower alone."""
-    below = parameters_below(model, layer)
+    below `layer` (`parameters_below`; with cells_params=neighbours only the neighbour tables) and the head: the text
+    analogue of tiny_vl's vision pre-training, which trains the vision tower alone."""
+    below = cell_parameters(model, layer, str(args["cells_params"]))
     optimizer = torch.optim.AdamW([*below, *head.parameters()], lr=float(args["cells_lr"]), weight_decay=0.01)
     rng, steps = np.random.default_rng(int(args["seed"]) + 1), int(args["cells_steps"])
     model.train()
