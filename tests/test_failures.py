@@ -95,6 +95,11 @@ def test_report_counts_outcomes_distances_and_turns():
     assert report["optimal_turns_by_turn"] == {0: "1/3 (33%)", 1: "1/2 (50%)"}
     assert report["dead_ends_entered_by_turn"] == {0: "1/3 (33%)", 1: "0/2 (0%)"}
     assert report["reasoning_matches_demo"] == {"solvable states": "3/4 (75%)", "dead ends": "0/1 (0%)"}
+    assert report["dead_ends_entered_by_reading"] == {
+        "reading equal to the demonstration's": "0/3 (0%)",
+        "reading not equal": "1/1 (100%)",
+    }
+    assert "in reading not equal 1/1 (100%)" in "\n".join(report_lines("m on e", report))
     assert report["turns_that_changed_nothing"] == {"solved episodes": "0/1 (0%)", "failed episodes": "1/4 (25%)"}
     assert "reading_facts_right" not in report  # no game here splits its reading into facts
 

@@ -104,8 +104,9 @@ def _share(hits: int, total: int) -> str:
 
 def failure_report(replays: Sequence[EpisodeReplay]) -> dict[str, Any]:
     """Counts over replayed episodes: outcomes, overall and by the level's initial solver distance, per turn index
-    the optimal turns and the dead ends entered, the reasoning that matches the demonstration's, and the turns that
-    changed nothing in solved and in failed episodes."""
+    the optimal turns and the dead ends entered, the reasoning that matches the demonstration's, the dead ends entered
+    after a reading that matched and after one that did not, and the turns that changed nothing in solved and in
+    failed episodes."""
     names = ("solved", "dead end", "out of turns")
     outcomes = Counter(replay.outcome for replay in replays)
     levels = Counter(replay.initial_distance for replay in replays)
@@ -137,6 +138,15 @@ def failure_report(replays: Sequence[EpisodeReplay]) -> dict[str, Any]:
             for where, turns in (
                 ("solvable states", solvable),
                 ("dead ends", [turn for turn in all_turns if turn.distance_before is None]),
+            )
+        },
+        # Does the policy act on its reading? A turn that read the state as the demonstration does and then entered
+        # a dead end (a FrozenLake hole it had named) did not; a gap between the two shares says the reading decides.
+        "dead_ends_entered_by_reading": {
+            where: _share(sum(turn.entered_dead_end for turn in turns), len(turns))
+            for where, turns in (
+                ("reading equal to the demonstration's", [turn for turn in solvable if turn.reasoning_matches]),
+                ("reading not equal", [turn for turn in solvable if not turn.reasoning_matches]),
             )
         },
         "turns_that_changed_nothing": {
@@ -188,6 +198,7 @@ def report_lines(name: str, report: dict[str, Any]) -> list[str]:
         lines.append(f"  {title}, by turn: " + ", ".join(f"{turn}: {share}" for turn, share in report[key].items()))
     for key, title in (
         ("reasoning_matches_demo", "reasoning equal to the demonstration's for the state seen"),
+        ("dead_ends_entered_by_reading", "solvable turns that entered a dead end"),
         ("turns_that_changed_nothing", "turns that changed nothing"),
     ):
         lines.append(f"  {title}: " + ", ".join(f"in {where} {share}" for where, share in report[key].items()))
