@@ -23,7 +23,7 @@ player"), each from the shipped tiny_text unless `model=<folder>`:
         the same continuation with the board's neighbour embeddings added at zero first (`with_neighbours`: each cell's
         token also carries the symbols above, below, left and right of it), as a vision tower's patch does
     python research/text_hole_reading.py mode=mixed neighbours=true cells_steps=1000 cells_params=neighbours \
-            cells_lr=1e-2 cells_layer=4 cells_coef=1 steps=300 lr=5e-4 reading_coef=0 out=<folder>
+            cells_lr=3e-3 cells_layer=4 cells_coef=1 steps=300 lr=5e-4 reading_coef=0 out=<folder>
         the cell labels read after every layer, first by the neighbour tables alone (the rest fixed), then kept
         through the SFT
 """
@@ -110,9 +110,7 @@ def cell_parameters(model, layer: int, which: str) -> list[torch.nn.Parameter]:
     """What the cell labels alone train: `below` (`parameters_below`) or `neighbours` (the neighbour tables only, the
     rest of the model fixed, so the labels can only be carried by what the tables add)."""
     if which == "neighbours":
-        assert model.get_input_embeddings().neighbour is not None, "cells_params=neighbours needs neighbours=true"
         return list(model.get_input_embeddings().neighbour.parameters())
-    assert which == "below", f"cells_params={which}: expected below or neighbours"
     return parameters_below(model, layer)
 
 
@@ -241,4 +239,8 @@ if __name__ == "__main__":
     unknown = set(given) - set(DEFAULTS)
     if unknown:
         raise SystemExit(f"Unknown options {sorted(unknown)}; valid: {sorted(DEFAULTS)}.")
+    if given.get("cells_params", "below") not in ("below", "neighbours"):
+        raise SystemExit(f"cells_params={given['cells_params']}: expected below or neighbours.")
+    if given.get("cells_params") == "neighbours" and given.get("neighbours", "false").lower() != "true":
+        raise SystemExit("cells_params=neighbours trains the neighbour tables: add neighbours=true.")
     main(DEFAULTS | given)
