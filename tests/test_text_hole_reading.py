@@ -8,6 +8,7 @@ from test_trainer import repo_module
 from vagen.bootstrap.tiny import load_tiny_text_lm
 from vagen.bootstrap.tiny_text import build_tiny_text
 from vagen.env.policies import RELATIVE_DIRECTIONS
+from vagen.models.board_lm import with_neighbours
 
 
 def test_cell_labels_are_each_cells_directions_and_hole_neighbours():
@@ -47,9 +48,23 @@ def test_pretrain_cells_trains_only_what_is_below_its_layer():
     boards = script.reading_boards(tokenizer, range(300_000, 300_008), np.random.default_rng(0))
     head = torch.nn.Linear(model.config.hidden_size, boards[0][2].shape[1] * len(RELATIVE_DIRECTIONS))
     before = {name: param.detach().clone() for name, param in model.named_parameters()}
-    args = {"cells_lr": 1e-3, "seed": 0, "cells_steps": 2}
+    args = {"cells_lr": 1e-3, "seed": 0, "cells_steps": 2, "cells_params": "below"}
     script.pretrain_cells(model, head, 1, boards, boards[:4], args, tokenizer.pad_token_id)
     changed = {name for name, param in model.named_parameters() if not torch.equal(param, before[name])}
     assert any(name.startswith("model.layers.0.") for name in changed)
     assert any("embed" in name for name in changed)
     assert not any(name.startswith("model.layers.1.") or name.startswith("lm_head") for name in changed)
+
+
+def test_pretrain_cells_into_the_neighbour_tables_trains_only_them():
+    script = repo_module("research/text_hole_reading.py")
+    torch.set_num_threads(1)
+    model, tokenizer = load_tiny_text_lm(build_tiny_text(size="test"))
+    model = with_neighbours(model)
+    boards = script.reading_boards(tokenizer, range(300_000, 300_008), np.random.default_rng(0))
+    head = torch.nn.Linear(model.config.hidden_size, boards[0][2].shape[1] * len(RELATIVE_DIRECTIONS))
+    before = {name: param.detach().clone() for name, param in model.named_parameters()}
+    args = {"cells_lr": 1e-3, "seed": 0, "cells_steps": 2, "cells_params": "neighbours"}
+    script.pretrain_cells(model, head, 1, boards, boards[:4], args, tokenizer.pad_token_id)
+    changed = {name for name, param in model.named_parameters() if not torch.equal(param, before[name])}
+    assert changed and all(".neighbour." in name for name in changed), changed
