@@ -25,7 +25,8 @@ player"), each from the shipped tiny_text unless `model=<folder>`:
     python research/text_hole_reading.py mode=mixed neighbours=true cells_steps=1000 cells_params=neighbours \
             cells_lr=3e-3 cells_layer=4 cells_coef=1 steps=300 lr=5e-4 reading_coef=0 out=<folder>
         the cell labels read after every layer, first by the neighbour tables alone (the rest fixed), then kept
-        through the SFT
+        through the SFT; with cells_params=hole_rows only the tables' rows of the hole symbol 'O' ever change (in the
+        SFT too), so a Sokoban board changes only beside its targets, which share the symbol
 """
 
 from __future__ import annotations
@@ -109,9 +110,21 @@ def parameters_below(model, layer: int) -> list[torch.nn.Parameter]:
 def cell_parameters(model, layer: int, which: str) -> list[torch.nn.Parameter]:
     """What the cell labels alone train: `below` (`parameters_below`) or `neighbours` (the neighbour tables only, the
     rest of the model fixed, so the labels can only be carried by what the tables add)."""
-    if which == "neighbours":
+    if which in ("neighbours", "hole_rows"):
         return list(model.get_input_embeddings().neighbour.parameters())
     return parameters_below(model, layer)
+
+
+def only_hole_rows(model, tokenizer) -> None:
+    """From now on, train only the neighbour tables' rows of the hole symbol 'O' (a gradient mask on each table; the
+    other rows stay as they are, zero after `with_neighbours`)."""
+    embedding = model.get_input_embeddings()
+    row = int(embedding.symbol[tokenizer.convert_tokens_to_ids("O")])
+    assert row > 0, "'O' is a board cell symbol"
+    for table in embedding.neighbour:
+        mask = torch.zeros(table.weight.shape[0], 1)
+        mask[row] = 1.0
+        table.weight.register_hook(lambda grad, mask=mask: grad * mask)
 
 
 def pretrain_cells(model, head: torch.nn.Linear, layer: int, boards, held_out, args: dict, pad_id: int) -> None:
@@ -190,6 +203,8 @@ def main(args: dict) -> None:
     torch.manual_seed(int(args["seed"]))
     head = torch.nn.Linear(model.config.hidden_size, boards[0][2].shape[1] * len(RELATIVE_DIRECTIONS))
     pad = tokenizer.pad_token_id
+    if args["cells_params"] == "hole_rows":
+        only_hole_rows(model, tokenizer)
     if int(args["cells_steps"]):
         pretrain_cells(model, head, layer, boards, held_out, args, pad)
         if str(args["freeze_below"]).lower() == "true":  # as tiny_vl's SFT keeps the pre-trained vision tower fixed
@@ -239,8 +254,8 @@ if __name__ == "__main__":
     unknown = set(given) - set(DEFAULTS)
     if unknown:
         raise SystemExit(f"Unknown options {sorted(unknown)}; valid: {sorted(DEFAULTS)}.")
-    if given.get("cells_params", "below") not in ("below", "neighbours"):
-        raise SystemExit(f"cells_params={given['cells_params']}: expected below or neighbours.")
-    if given.get("cells_params") == "neighbours" and given.get("neighbours", "false").lower() != "true":
-        raise SystemExit("cells_params=neighbours trains the neighbour tables: add neighbours=true.")
+    if given.get("cells_params", "below") not in ("below", "neighbours", "hole_rows"):
+        raise SystemExit(f"cells_params={given['cells_params']}: expected below, neighbours or hole_rows.")
+    if given.get("cells_params", "below") != "below" and given.get("neighbours", "false").lower() != "true":
+        raise SystemExit(f"cells_params={given['cells_params']} trains the neighbour tables: add neighbours=true.")
     main(DEFAULTS | given)

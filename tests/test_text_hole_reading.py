@@ -41,29 +41,42 @@ def test_cells_loss_reads_every_cell_at_its_layer_and_trains_only_the_layers_bel
     assert all(param.grad is None for layer in layers[1:] for param in layer.parameters())
 
 
-def names_changed_by_pretrain_cells(cells_params: str, neighbours: bool = False) -> set[str]:
+def pretrain_cells_changes(cells_params: str, neighbours: bool = False):
     """The parameters of the test-size tiny_text (with its neighbour tables added, if `neighbours`) that 2 steps of
-    `pretrain_cells` at layer 1 change."""
+    `pretrain_cells` at layer 1 change, by name, and the model and tokenizer after them."""
     script = repo_module("research/text_hole_reading.py")
     torch.set_num_threads(1)
     model, tokenizer = load_tiny_text_lm(build_tiny_text(size="test"))
     if neighbours:
         model = with_neighbours(model)
+    if cells_params == "hole_rows":
+        script.only_hole_rows(model, tokenizer)
     boards = script.reading_boards(tokenizer, range(300_000, 300_008), np.random.default_rng(0))
     head = torch.nn.Linear(model.config.hidden_size, boards[0][2].shape[1] * len(RELATIVE_DIRECTIONS))
     before = {name: param.detach().clone() for name, param in model.named_parameters()}
     args = {"cells_lr": 1e-3, "seed": 0, "cells_steps": 2, "cells_params": cells_params}
     script.pretrain_cells(model, head, 1, boards, boards[:4], args, tokenizer.pad_token_id)
-    return {name for name, param in model.named_parameters() if not torch.equal(param, before[name])}
+    changed = {name for name, param in model.named_parameters() if not torch.equal(param, before[name])}
+    return changed, model, tokenizer
 
 
 def test_pretrain_cells_trains_only_what_is_below_its_layer():
-    changed = names_changed_by_pretrain_cells("below")
+    changed, _, _ = pretrain_cells_changes("below")
     assert any(name.startswith("model.layers.0.") for name in changed)
     assert any("embed" in name for name in changed)
     assert not any(name.startswith("model.layers.1.") or name.startswith("lm_head") for name in changed)
 
 
 def test_pretrain_cells_into_the_neighbour_tables_trains_only_them():
-    changed = names_changed_by_pretrain_cells("neighbours", neighbours=True)
+    changed, _, _ = pretrain_cells_changes("neighbours", neighbours=True)
     assert changed and all(".neighbour." in name for name in changed), changed
+
+
+def test_pretrain_cells_into_the_hole_rows_changes_only_the_holes_row_of_each_table():
+    changed, model, tokenizer = pretrain_cells_changes("hole_rows", neighbours=True)
+    assert changed and all(".neighbour." in name for name in changed), changed
+    embedding = model.get_input_embeddings()
+    hole = embedding.symbol[tokenizer.convert_tokens_to_ids("O")]
+    for table in embedding.neighbour:
+        nonzero = table.weight.detach().abs().sum(-1).nonzero().flatten().tolist()
+        assert nonzero == [hole], nonzero
