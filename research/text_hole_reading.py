@@ -25,8 +25,12 @@ player"), each from the shipped tiny_text unless `model=<folder>`:
     python research/text_hole_reading.py mode=mixed neighbours=true cells_steps=1000 cells_params=neighbours \
             cells_lr=3e-3 cells_layer=4 cells_coef=1 steps=300 lr=5e-4 reading_coef=0 out=<folder>
         the cell labels read after every layer, first by the neighbour tables alone (the rest fixed), then kept
-        through the SFT; with cells_params=hole_rows only the tables' rows of the hole symbol 'O' ever change (in the
-        SFT too), so a Sokoban board changes only beside its targets, which share the symbol
+        through the SFT
+    python research/text_hole_reading.py mode=mixed neighbours=true cells_steps=1000 cells_params=hole_rows \
+            cells_lr=3e-3 cells_layer=4 cells_coef=1 steps=300 lr=5e-4 reading_coef=1 out=<folder>
+        the same with only the tables' rows of the hole symbol 'O' ever changing (in the SFT too), so that a Sokoban
+        board changes only beside its targets, which share the symbol; and the FrozenLake reading loss in every SFT
+        step (docs/learning.md, "Only the hole symbol's rows trained")
 """
 
 from __future__ import annotations
@@ -109,7 +113,8 @@ def parameters_below(model, layer: int) -> list[torch.nn.Parameter]:
 
 def cell_parameters(model, layer: int, which: str) -> list[torch.nn.Parameter]:
     """What the cell labels alone train: `below` (`parameters_below`) or `neighbours` (the neighbour tables only, the
-    rest of the model fixed, so the labels can only be carried by what the tables add)."""
+    rest of the model fixed, so the labels can only be carried by what the tables add); `hole_rows` is `neighbours`
+    with `only_hole_rows`' mask on the tables."""
     if which in ("neighbours", "hole_rows"):
         return list(model.get_input_embeddings().neighbour.parameters())
     return parameters_below(model, layer)
@@ -129,8 +134,8 @@ def only_hole_rows(model, tokenizer) -> None:
 
 def pretrain_cells(model, head: torch.nn.Linear, layer: int, boards, held_out, args: dict, pad_id: int) -> None:
     """`cells_steps` steps of the cell labels alone (32 boards a step, AdamW at `cells_lr`), training only what is
-    below `layer` (`parameters_below`; with cells_params=neighbours only the neighbour tables) and the head: the text
-    analogue of tiny_vl's vision pre-training, which trains the vision tower alone."""
+    below `layer` (`parameters_below`; with cells_params=neighbours or hole_rows only the neighbour tables) and the
+    head: the text analogue of tiny_vl's vision pre-training, which trains the vision tower alone."""
     below = cell_parameters(model, layer, str(args["cells_params"]))
     optimizer = torch.optim.AdamW([*below, *head.parameters()], lr=float(args["cells_lr"]), weight_decay=0.01)
     rng, steps = np.random.default_rng(int(args["seed"]) + 1), int(args["cells_steps"])
