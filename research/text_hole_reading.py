@@ -57,6 +57,7 @@ SHIPPED = "vagen/bootstrap/shipped/warm-tiny-text-default-seed0"
 DEFAULTS = {"mode": "probe", "model": SHIPPED, "levels": 256, "steps": 1500, "lr": 1e-3, "reading_coef": 1.0,
             "cells_coef": 0.0, "cells_layer": 2, "cells_steps": 0, "cells_lr": 1e-3, "freeze_below": "false",
             "neighbours": "false", "cells_params": "below", "seed": 0, "out": None, "threads": 1}  # fmt: skip
+TABLE_PARAMS = ("neighbours", "hole_rows")  # the cells_params that train the neighbour tables (beside "below")
 
 
 def reading_boards(tokenizer, levels, rng: np.random.Generator) -> list[tuple[tuple[list[int], int], str, np.ndarray]]:
@@ -115,7 +116,7 @@ def cell_parameters(model, layer: int, which: str) -> list[torch.nn.Parameter]:
     """What the cell labels alone train: `below` (`parameters_below`) or `neighbours` (the neighbour tables only, the
     rest of the model fixed, so the labels can only be carried by what the tables add); `hole_rows` is `neighbours`
     with `only_hole_rows`' mask on the tables."""
-    if which in ("neighbours", "hole_rows"):
+    if which in TABLE_PARAMS:
         return list(model.get_input_embeddings().neighbour.parameters())
     return parameters_below(model, layer)
 
@@ -259,8 +260,8 @@ if __name__ == "__main__":
     unknown = set(given) - set(DEFAULTS)
     if unknown:
         raise SystemExit(f"Unknown options {sorted(unknown)}; valid: {sorted(DEFAULTS)}.")
-    if given.get("cells_params", "below") not in ("below", "neighbours", "hole_rows"):
+    if given.get("cells_params", "below") not in ("below", *TABLE_PARAMS):
         raise SystemExit(f"cells_params={given['cells_params']}: expected below, neighbours or hole_rows.")
-    if given.get("cells_params", "below") != "below" and given.get("neighbours", "false").lower() != "true":
+    if given.get("cells_params") in TABLE_PARAMS and given.get("neighbours", "false").lower() != "true":
         raise SystemExit(f"cells_params={given['cells_params']} trains the neighbour tables: add neighbours=true.")
     main(DEFAULTS | given)
