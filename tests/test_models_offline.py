@@ -367,6 +367,7 @@ def test_every_shipped_build_verifies_as_built():
 
     built = sorted(marker.parent for marker in SHIPPED_DIR.glob(f"*/{COMPLETE_MARKER}"))
     assert [folder.name for folder in built] == [
+        "tiny-text-holes",
         "tiny-vl-holes",
         "warm-tiny-text-default-seed0",
         "warm-tiny-vl-default-seed0",

@@ -2,6 +2,8 @@
 `build_warm_tiny_vl`), `smollm2_warm` (SmolLM2-135M-Instruct with its shipped text warm-start adapter),
 `tiny_text_warm` (the text default `tiny_text`, shipped or built once by `build_warm_tiny_text`), `tiny_vl_holes`
 (frozenlake_visual's default: a shipped SFT continuation of `tiny_vl` whose vision tower learned the holes),
+`tiny_text_holes` (frozenlake_text's default: tiny_text continued so its board cells see the holes beside them,
+shipped or built once by `build_tiny_text_holes`),
 `tiny_vl_random`, `tiny_text_random` and `tiny_text` (untrained tiny models; `tiny_text` shares tiny_vl's tokenizer,
 for tests).
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from vagen.bootstrap.text_holes import build_tiny_text_holes
 from vagen.bootstrap.tiny import build_tiny_text_lm, build_tiny_vl
 from vagen.bootstrap.tiny_text import TINY_TEXT_RECIPE, BoardReading, build_tiny_text, build_warm_tiny_text
 from vagen.bootstrap.warmstart import SHIPPED_DIR, WarmStartRecipe, build_warm_tiny_vl
@@ -103,6 +106,11 @@ def tiny_vl_holes_stamp() -> dict[str, object]:
 @MODEL_SOURCES.register("tiny_vl_holes")
 def tiny_vl_holes_source(path: str | None, size: str | None) -> str:
     return str(TINY_VL_HOLES_FOLDER)
+
+
+@MODEL_SOURCES.register("tiny_text_holes")
+def tiny_text_holes_source(path: str | None, size: str | None) -> str:
+    return str(build_tiny_text_holes())
 
 
 @MODEL_SOURCES.register("tiny_vl_random")
