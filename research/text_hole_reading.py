@@ -30,7 +30,9 @@ player"), each from the shipped tiny_text unless `model=<folder>`:
             cells_lr=3e-3 cells_layer=4 cells_coef=1 steps=300 lr=5e-4 reading_coef=1 out=<folder>
         the same with only the tables' rows of the hole symbol 'O' ever changing (in the SFT too), so that a Sokoban
         board changes only beside its targets, which share the symbol; and the FrozenLake reading loss in every SFT
-        step (docs/learning.md, "Only the hole symbol's rows trained")
+        step (docs/learning.md, "Only the hole symbol's rows trained"); since 2026-12-07 the product builds the same
+        weights as `frozenlake_text`'s default `tiny_text_holes` (vagen/bootstrap/text_holes.py, whose cell labels,
+        hole-row mask and SFT loop this script calls)
 """
 
 from __future__ import annotations
