@@ -228,7 +228,8 @@ def train_tiny_text_holes(
     model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, folder: Path, recipe: TextHolesRecipe
 ) -> dict[str, Any]:
     """`recipe` on `model` (a trained tiny_text), saved into `folder` with its report.json: the held-out evaluation
-    of both text games before and after, the losses and the seconds of each phase."""
+    of both text games before and after, each loss's summary, and the seconds until the model was trained ("train",
+    the evaluation before included) and in all."""
     started = time.perf_counter()
     games = {name: (lambda name=name: make_text_game(name)) for name in TEXT_GAMES}
     before = {name: evaluate_all(model, tokenizer, recipe, game, name, scripted=False) for name, game in games.items()}
