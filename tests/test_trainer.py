@@ -188,6 +188,7 @@ def test_resume_is_exact(tmp_path):
         ([*TEXT, "trainer.level_pool=-2"], "trainer.level_pool=-2"),
         ([*TEXT, "algorithm.sft_coef=1"], "sft_coef=1 trains on solver demonstrations of env=bandit_text.*sft_coef=0"),
         ([*TEXT, "algorithm.sft_source=visited"], "sft_source=visited says .* but algorithm.sft_coef=0 turns"),
+        ([*TEXT, "algorithm.sft_tokens=think"], "sft_tokens=think says .* but algorithm.sft_coef=0 turns"),
         (
             ["env=cards_text", "model=tiny_text_test", *FAST, "algorithm.sft_coef=1", "algorithm.sft_source=visited"],
             "sft_source=visited replays .* by state_key\\(\\), which CardsEnv does not give",
@@ -702,6 +703,51 @@ def test_the_demonstration_loss_adds_its_weighted_gradient_to_each_step(monkeypa
     nothing = r"levels 0\.\.0 left no demonstration to train on; raise algorithm\.sft_episodes"
     with pytest.raises(ValueError, match=nothing):
         StarPOTrainer(config([*overrides, "seed=3", "algorithm.sft_coef=1", "algorithm.sft_episodes=1"]))
+
+
+def test_the_think_only_demonstration_loss_imitates_each_turns_reasoning_alone(monkeypatch):
+    """algorithm.sft_tokens=think: the demonstration loss covers each demonstration turn's tokens through its
+    </think> and none of its answer; the same demonstrations are drawn as with the whole responses."""
+    from vagen.bootstrap.demos import sft_batch
+    from vagen.bootstrap.warmstart import sft_loss
+    from vagen.engines.base import derive_seed
+    from vagen.rollout.batch import reasoning_mask
+    from vagen.trainer.config import validate_config
+
+    grads = record_step_gradients(monkeypatch)
+    overrides = [*GRID_TEXT, "trainer.groups=2", "trainer.group_size=4", "algorithm.sft_episodes=6"]
+    overrides += ["algorithm.sft_coef=1", "algorithm.sft_batch_size=3"]
+    whole = StarPOTrainer(config(overrides))
+    think = StarPOTrainer(config([*overrides, "algorithm.sft_tokens=think"]))
+    learner = think.learner
+    batch = starpo.trajectories_to_batch(whole.rollout(), pad_token_id=learner.tokenizer.pad_token_id or 0)
+    stats = {
+        name: trainer.learner.update(batch, iteration=3).means()
+        for name, trainer in [("whole", whole), ("think", think)]
+    }
+    draws = torch.Generator().manual_seed(derive_seed(0, 3, learner_module.DEMO_STREAM))
+    losses = {"whole": [], "think": []}
+    for _ in range(len(grads) // 2):
+        picks = torch.randperm(6, generator=draws)[:3].tolist()
+        demo_batch = sft_batch([learner.demos[i] for i in picks], learner.tokenizer.pad_token_id)
+        reasoning = reasoning_mask(demo_batch.input_ids, demo_batch.turn_ids, learner.tokenizer.decode)
+        answers = (demo_batch.response_mask > 0) & ~reasoning
+        assert reasoning.any() and answers.any()  # every demonstration turn writes both parts
+        for row in range(len(demo_batch)):  # each turn's reasoning is its first sampled tokens, the answer the rest
+            for turn in demo_batch.turn_ids[row][demo_batch.turn_ids[row] >= 0].unique():
+                marks = reasoning[row][demo_batch.turn_ids[row] == turn].tolist()
+                assert marks == sorted(marks, reverse=True) and True in marks and False in marks
+        think_batch = dataclasses.replace(demo_batch, response_mask=demo_batch.response_mask * reasoning)
+        for name, tokens in [("whole", demo_batch), ("think", think_batch)]:
+            losses[name].append(float(sft_loss(learner.model, tokens, learner.policy.processor).detach()))
+    assert len(grads) == 4
+    for name in losses:
+        assert stats[name]["loss/sft"] == pytest.approx(sum(losses[name]) / 2, rel=1e-5)
+    # (an untrained model's two losses are close, but far apart against the tolerance above: it tells them apart)
+    assert abs(stats["think"]["loss/sft"] - stats["whole"]["loss/sft"]) > 1e-4 * stats["whole"]["loss/sft"]
+    no_reasoning = [*overrides, "algorithm.sft_tokens=think", "env.kwargs.response_format=no_think"]
+    with pytest.raises(ValueError, match=r"sft_tokens=think imitates only .*=no_think writes none"):
+        validate_config(config(no_reasoning))
 
 
 def test_visited_states_are_labelled_by_the_solver_after_the_policys_own_dialogue(monkeypatch):

@@ -28,6 +28,7 @@ from vagen.rollout import DialogueFormatter, Trajectory, Turn, trajectories_to_b
 from vagen.rollout.batch import TokenBatch
 
 SFT_SOURCES = ("solver", "visited")  # `algorithm.sft_source`: what the demonstration loss beside RL imitates
+SFT_TOKENS = ("all", "think")  # `algorithm.sft_tokens`: the demonstration's whole responses, or each turn's reasoning
 
 
 @dataclass

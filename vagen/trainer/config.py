@@ -26,7 +26,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from vagen.algos.advantages import ADVANTAGE_ESTIMATORS
 from vagen.algos.losses import KL_ESTIMATORS, LOSS_AGGREGATIONS
-from vagen.bootstrap.demos import SFT_SOURCES
+from vagen.bootstrap.demos import SFT_SOURCES, SFT_TOKENS
 from vagen.diagnostics.scoring import SCOPES
 from vagen.engines import ENGINES
 from vagen.env import OBSERVATION_MODES, RESPONSE_FORMATS, make_env
@@ -177,6 +177,8 @@ OPTIONS: dict[str, Option] = {
     "algorithm.sft_episodes": Option(int, "[1, inf)", "demonstrations played when the run starts (levels 0..N-1)"),
     "algorithm.sft_source": Option(str, SFT_SOURCES, "what the demonstration loss imitates: the solver's play of "
                                    "levels 0..sft_episodes-1, or its turn at the states the rollouts visited"),
+    "algorithm.sft_tokens": Option(str, SFT_TOKENS, "the demonstration tokens in that loss: whole responses, or only "
+                                   "each turn's reasoning through </think> (the moves left to RL)"),
     "algorithm.clip_low": Option(float, "(0, 1)", "PPO ratio clip below: 1 - clip_low"),
     "algorithm.clip_high": Option(float, "(0, inf)", "PPO ratio clip above: 1 + clip_high"),
     "algorithm.dual_clip_c": Option(float | None, "(1, inf)", "dual clip for negative advantages (null = off)"),
@@ -538,6 +540,17 @@ def _check_algorithm(cfg: Any) -> None:
         raise ValueError(
             "algorithm.sft_source=visited says what the demonstration loss imitates, but algorithm.sft_coef=0 turns "
             "that loss off: set algorithm.sft_coef > 0 (e.g. 1), or drop sft_source."
+        )
+    if algo.sft_tokens == "think" and algo.sft_coef == 0:
+        raise ValueError(
+            "algorithm.sft_tokens=think says which demonstration tokens the loss imitates, but algorithm.sft_coef=0 "
+            "turns that loss off: set algorithm.sft_coef > 0 (e.g. 1), or drop sft_tokens."
+        )
+    if algo.sft_tokens == "think" and cfg.env.kwargs.get("response_format") == "no_think":
+        raise ValueError(
+            "algorithm.sft_tokens=think imitates only each demonstration turn's <think> text, but "
+            "env.kwargs.response_format=no_think writes none, so the loss would have no tokens: use sft_tokens=all, "
+            "or a response format with a <think> part (free_think)."
         )
     if algo.advantage_tokens == "answer" and cfg.env.kwargs.get("response_format") == "no_think":
         raise ValueError(

@@ -578,10 +578,13 @@ class Learner:
 
     def backward_demos(self, demos: list[Demo], stats: UpdateStats, draws: torch.Generator) -> None:
         """Forward and backward of `algorithm.sft_coef` times the mean log-loss of `sft_batch_size` of `demos`
-        drawn by `draws` (this replica's rows of them), onto the mini-batch's policy gradient; logs `loss/sft`."""
+        drawn by `draws` (this replica's rows of them; with `algorithm.sft_tokens=think` only each turn's tokens
+        through `</think>`), onto the mini-batch's policy gradient; logs `loss/sft`."""
         algo = self.cfg.algorithm
         picks = torch.randperm(len(demos), generator=draws)[: algo.sft_batch_size].tolist()
         batch = sft_batch([demos[i] for i in picks], self.tokenizer.pad_token_id)
+        if algo.sft_tokens == "think":  # the reading imitated; the moves after </think> left to the policy gradient
+            batch = replace(batch, response_mask=batch.response_mask * self.reasoning(batch))
         rows = self.data_parallel.share(torch.arange(len(batch)))
         loss = backward_sft_batch(
             self.model, batch, self.policy.processor, self.micro_batch_size, self.cfg.trainer.bf16, algo.sft_coef, rows
