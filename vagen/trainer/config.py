@@ -483,9 +483,10 @@ def lr_decay_end(trainer: Any) -> int:
 
 def lr_decay_start(trainer: Any) -> int:
     """The iteration where the decay begins: `trainer.lr_decay_start`, or below 1 that fraction of `lr_decay_end`
-    (rounded), so a decay over the last quarter of any budget is `0.75`."""
-    start = trainer.lr_decay_start
-    return round(start * lr_decay_end(trainer)) if start < 1 else int(start)
+    (rounded, and at least one iteration before it), so a decay over the last quarter of any budget is `0.75`, a
+    short run's included."""
+    start, end = trainer.lr_decay_start, lr_decay_end(trainer)
+    return max(0, min(round(start * end), end - 1)) if start < 1 else int(start)
 
 
 def _check_levels(trainer: Any) -> None:
