@@ -1,14 +1,15 @@
 """Where the MI regime thresholds should sit: MI proxies of a healthy policy and of a collapsed one, side by side.
 
-    python research/bench_mi_regimes.py [env=sokoban_visual|sokoban_text] [groups=16] [group_size=4] [seed=0]
+    python research/bench_mi_regimes.py [env=sokoban_visual|sokoban_text|frozenlake_text] [groups=16] [group_size=4]
+        [seed=0]
 
-Healthy: the shipped warm default model of the env (tiny_vl on sokoban_visual, tiny_text on sokoban_text), whose
-reasoning names where the box and the target are, so it depends on the input. Collapsed: the same weights made blind
-to the board, so the reasoning *cannot* depend on the input: template collapse by construction, with the text
-machinery intact. For tiny_vl the vision merger's output layer is zeroed (every image becomes the same tokens); for
-tiny_text every board cell enters as the same cell token without its row and column (the output layer, tied to the
-embedding, is unchanged). Both play the same env seeds at temperature 1; the trainer's own diagnostics code
-(`build_scoring_job`, `cross_scores`, `mi_metrics`) scores them.
+Healthy: the shipped warm default model of the env (tiny_vl on sokoban_visual, tiny_text on sokoban_text,
+tiny_text_holes on frozenlake_text), whose reasoning names what is around the player, so it depends on the input.
+Collapsed: the same weights made blind to the board, so the reasoning *cannot* depend on the input: template collapse
+by construction, with the text machinery intact. For tiny_vl the vision merger's output layer is zeroed (every image
+becomes the same tokens); for tiny_text (and tiny_text_holes) every board cell enters as the same cell token without
+its row, column or neighbours (the output layer, tied to the embedding, is unchanged). Both play the same env seeds at
+temperature 1; the trainer's own diagnostics code (`build_scoring_job`, `cross_scores`, `mi_metrics`) scores them.
 
 Prints, per scope, MI-Est per token, its log B ceiling, H(Z|X) per token, and the regime that each MI
 threshold rule assigns (a column per rule): `0.1 · log B` (the default) and `0.1 · (first measured MI-Est)`.
@@ -36,7 +37,7 @@ FRACTION = 0.1  # diagnostics.mi_threshold_fraction
 
 
 class BlindBoard(torch.nn.Module):
-    """tiny_text's input embedding with every board cell read as the same cell and no row or column."""
+    """tiny_text's input embedding with every board cell read as the same cell and no row, column or neighbours."""
 
     def __init__(self, embedding: BoardEmbedding):
         super().__init__()
@@ -61,8 +62,16 @@ def blind(model: torch.nn.Module) -> torch.nn.Module:
     return blind_model
 
 
-def make_sokoban(env: str):
-    if env == "sokoban_text":
+# The env each model is measured on: its shipped warm default there (model name, source, modality).
+POLICIES = {
+    "sokoban_visual": ("tiny_vl", "tiny_vl", "vision"),
+    "sokoban_text": ("tiny_text", "tiny_text_warm", "text"),
+    "frozenlake_text": ("tiny_text", "tiny_text_holes", "text"),
+}
+
+
+def make_game(env: str):
+    if env in ("sokoban_text", "frozenlake_text"):
         return make_text_game(env)
     kwargs = {"observation": "image", "dim_room": (6, 6), "num_boxes": 1, "tile_px": 28, "max_turns": 5}
     return make_env("vagen/Sokoban-v0", **kwargs, max_actions_per_turn=3)
@@ -71,7 +80,7 @@ def make_sokoban(env: str):
 def measure(model, policy, env: str, seeds: list[int], group_size: int, seed: int) -> dict[str, dict[str, float]]:
     formatter = DialogueFormatter(policy.tokenizer, policy.image_processor)
     spec = RolloutSpec(group_seeds=seeds, group_size=group_size, max_context_tokens=2048, env_name=env)
-    make = lambda: make_sokoban(env)
+    make = lambda: make_game(env)
     sampling = SamplingParams(max_new_tokens=48, temperature=1.0, seed=seed)
     trajectories = collect_rollouts(make, HFEngine(model, policy.processor), formatter, spec, sampling)
     out = {}
@@ -91,12 +100,10 @@ def main() -> None:
     defaults = {"env": "sokoban_visual", "groups": 16, "group_size": 4, "seed": 0}
     options, _ = script_options(sys.argv[1:], defaults, overrides=False)
     env, groups, group_size, seed = options.env, options.groups, options.group_size, options.seed
-    if env not in ("sokoban_visual", "sokoban_text"):
-        raise SystemExit(f"Unknown env {env!r}; choose sokoban_visual (tiny_vl) or sokoban_text (tiny_text).")
-    if env == "sokoban_text":
-        policy = load_policy("tiny_text", "tiny_text_warm", "text", size="default", dtype="float32")
-    else:
-        policy = load_policy("tiny_vl", "tiny_vl", "vision", size="default", dtype="float32")
+    if env not in POLICIES:
+        raise SystemExit(f"Unknown env {env!r}; choose one of {', '.join(POLICIES)}.")
+    name, source, modality = POLICIES[env]
+    policy = load_policy(name, source, modality, size="default", dtype="float32")
     seeds = [10**9 + k for k in range(groups)]  # held-out evaluation seeds
     results = {
         "healthy": measure(policy.model, policy, env, seeds, group_size, seed),

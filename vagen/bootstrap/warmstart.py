@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -337,6 +337,14 @@ def train_sft(
 EnvFactory = Callable[[], Any]
 
 
+class EvaluationSettings(Protocol):
+    """What a report's evaluation reads of a recipe (`WarmStartRecipe`, `TextHolesRecipe`)."""
+
+    eval_episodes: int
+    eval_temperature: float
+    max_new_tokens: int
+
+
 def evaluate_model(
     model: torch.nn.Module,
     processor: Any,
@@ -374,7 +382,7 @@ def evaluate_scripted(policy: str, episodes: int, make: EnvFactory | None = None
 def evaluate_all(
     model: torch.nn.Module,
     processor: Any,
-    recipe: WarmStartRecipe,
+    recipe: EvaluationSettings,
     make: EnvFactory | None = None,
     env_name: str = "sokoban_visual",
     scripted: bool = True,
