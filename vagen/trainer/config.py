@@ -483,8 +483,8 @@ def lr_decay_end(trainer: Any) -> int:
 
 def lr_decay_start(trainer: Any) -> int:
     """The iteration where the decay begins: `trainer.lr_decay_start`, or below 1 that fraction of `lr_decay_end`
-    (rounded, and at least one iteration before it), so a decay over the last quarter of any budget is `0.75`, a
-    short run's included."""
+    (rounded, and at least one iteration before it), so a decay over the last quarter of any budget is `0.75`, and a
+    run too short for one (2 iterations) trains at the full rate instead of stopping on an empty decay."""
     start, end = trainer.lr_decay_start, lr_decay_end(trainer)
     return max(0, min(round(start * end), end - 1)) if start < 1 else int(start)
 
