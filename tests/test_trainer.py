@@ -391,7 +391,7 @@ def test_lr_decay_start_is_an_iteration_or_a_fraction_of_the_end():
         return lr_decay_start(SimpleNamespace(lr_decay_start=value, lr_decay_end=end, iterations=iterations))
 
     assert [start(0), start(117), start(117.0), start(0.75), start(0.5, None)] == [0, 117, 117, 117, 20]
-    # A fraction stays below the end however short the run (2 * 0.75 rounds to 2): never an empty decay, an error.
+    # A fraction stays below the end however short the run (2 * 0.75 rounds to 2): never the empty-decay error.
     assert [start(0.75, None, 2), start(0.75, None, 1), start(0.75, 4), start(0.1, None, 1)] == [1, 0, 3, 0]
     validate_config(
         config([*TEXT, "trainer.lr_schedule=linear", "trainer.lr_decay_start=0.75", "trainer.iterations=2"])
