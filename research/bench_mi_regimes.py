@@ -71,7 +71,7 @@ POLICIES = {
 
 
 def make_game(env: str):
-    if env in ("sokoban_text", "frozenlake_text"):
+    if POLICIES[env][2] == "text":
         return make_text_game(env)
     kwargs = {"observation": "image", "dim_room": (6, 6), "num_boxes": 1, "tile_px": 28, "max_turns": 5}
     return make_env("vagen/Sokoban-v0", **kwargs, max_actions_per_turn=3)

@@ -537,16 +537,14 @@ def _check_algorithm(cfg: Any) -> None:
             f"filter.strategy={filt.strategy} ranks groups by reward spread, which needs "
             "trainer.group_size >= 2 (or use filter=none)."
         )
-    if algo.sft_source == "visited" and algo.sft_coef == 0:
-        raise ValueError(
-            "algorithm.sft_source=visited says what the demonstration loss imitates, but algorithm.sft_coef=0 turns "
-            "that loss off: set algorithm.sft_coef > 0 (e.g. 1), or drop sft_source."
-        )
-    if algo.sft_tokens == "think" and algo.sft_coef == 0:
-        raise ValueError(
-            "algorithm.sft_tokens=think says which demonstration tokens the loss imitates, but algorithm.sft_coef=0 "
-            "turns that loss off: set algorithm.sft_coef > 0 (e.g. 1), or drop sft_tokens."
-        )
+    # Options that shape the demonstration loss, set away from their default while the loss is off.
+    shaping = {"sft_source": ("visited", "what"), "sft_tokens": ("think", "which tokens")}
+    for key, (value, says) in shaping.items():
+        if algo[key] == value and algo.sft_coef == 0:
+            raise ValueError(
+                f"algorithm.{key}={value} says {says} the demonstration loss imitates, but algorithm.sft_coef=0 turns "
+                f"that loss off: set algorithm.sft_coef > 0 (e.g. 1), or drop {key}."
+            )
     if algo.sft_tokens == "think" and cfg.env.kwargs.get("response_format") == "no_think":
         raise ValueError(
             "algorithm.sft_tokens=think imitates only each demonstration turn's <think> text, but "
